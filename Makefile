@@ -1,0 +1,29 @@
+# Two entry points: `make demo` and `make test`. Both create/update the virtual environment first.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,postgres]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/mlrc demo
+
+test: $(STAMP)
+	$(BIN)/ruff check mlrc tests bench
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check mlrc tests bench
+	$(BIN)/ruff format --check mlrc tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info
