@@ -1,0 +1,246 @@
+"""Loaders for the on-disk layouts that the official dataset archives unpack to.
+
+Every loader returns an ``ImageDataset`` with labels 0..C−1 in the class order the MLRC protocol
+uses (so "first half of the classes" means the same classes as in the paper).
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+
+from mlrc.data.base import (
+    IMAGE_EXTENSIONS,
+    DatasetError,
+    ImageDataset,
+    check_image_files,
+    list_images,
+    renumber,
+    require_dir,
+    require_file,
+)
+from mlrc.data.download import fetch_omniglot
+from mlrc.data.glyphs import glyphs_dataset
+from mlrc.registry import Registry
+
+DATASETS: Registry[ImageDataset] = Registry("dataset")
+
+
+def available() -> list[str]:
+    return DATASETS.available()
+
+
+def build(name: str, root: str | Path | None = None, **kwargs: object) -> ImageDataset:
+    """Load dataset ``name`` from ``root`` (``glyphs`` needs none; ``omniglot`` downloads one)."""
+    return DATASETS.get(name)(root=root, **kwargs)
+
+
+def _root(root: str | Path | None, name: str) -> Path:
+    if root is None:
+        raise DatasetError(f"dataset {name!r} needs a root directory (root: PATH)")
+    return require_dir(Path(root).expanduser(), f"{name} root")
+
+
+def _inside(root: Path, rel: str, listed_in: Path) -> str:
+    """Resolve an annotation path under ``root``; refuse one that escapes it."""
+    p = (root / rel).resolve()
+    if not p.is_relative_to(root.resolve()):
+        raise DatasetError(f"{listed_in}: path {rel!r} points outside the dataset root {root}")
+    return str(p)
+
+
+def _from_class_folders(name: str, folders: list[Path]) -> ImageDataset:
+    """One class per folder, in the given order; images sorted by name within each folder."""
+    sources, labels = [], []
+    for c, folder in enumerate(folders):
+        images = list_images(folder)
+        if not images:
+            raise DatasetError(
+                f"{folder}: class folder has no images ({', '.join(IMAGE_EXTENSIONS)})"
+            )
+        sources += [str(p) for p in images]
+        labels += [c] * len(images)
+    check_image_files(sources)
+    return ImageDataset(name, sources, labels, [f.name for f in folders])
+
+
+@DATASETS.register("image_folder")
+def image_folder(root: str | Path | None = None) -> ImageDataset:
+    """``root/<class>/<image>``; classes sorted by folder name."""
+    base = _root(root, "image_folder")
+    folders = sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not folders:
+        raise DatasetError(f"{base}: no class folders (expected root/<class>/<image>)")
+    return _from_class_folders("image_folder", folders)
+
+
+@DATASETS.register("cub200")
+def cub200(root: str | Path | None = None) -> ImageDataset:
+    """CUB-200-2011: ``CUB_200_2011/images/<NNN.name>/*.jpg``; class order = folder order.
+
+    ``root`` may be the folder that contains ``CUB_200_2011`` or ``CUB_200_2011`` itself.
+    """
+    base = _root(root, "cub200")
+    images = base / "CUB_200_2011" / "images"
+    if not images.is_dir():
+        images = base / "images"
+    require_dir(images, "CUB_200_2011/images folder")
+    folders = sorted(p for p in images.iterdir() if p.is_dir())
+    if not folders:
+        raise DatasetError(f"{images}: no class folders")
+    return _from_class_folders("cub200", folders)
+
+
+@DATASETS.register("cars196")
+def cars196(root: str | Path | None = None) -> ImageDataset:
+    """Cars196: ``cars_annos.mat`` + ``car_ims/``; all 16,185 images, labels 1..196 → 0..195."""
+    from scipy.io import loadmat
+
+    base = _root(root, "cars196")
+    annos = require_file(base / "cars_annos.mat", "cars196 annotation file cars_annos.mat")
+    try:
+        mat = loadmat(str(annos))
+        records = mat["annotations"][0]
+        rel_paths = [str(a["relative_im_path"][0]) for a in records]
+        classes = [int(np.asarray(a["class"]).reshape(-1)[0]) for a in records]
+    except Exception as e:  # scipy raises several unrelated types on a bad .mat
+        raise DatasetError(
+            f"{annos}: not a valid cars_annos.mat ({type(e).__name__}: {e})"
+        ) from None
+    sources = [_inside(base, p, annos) for p in rel_paths]
+    check_image_files(sources)
+    labels, ids = renumber(classes)
+    names = [str(i) for i in ids]
+    if "class_names" in mat:
+        all_names = [str(np.asarray(n).reshape(-1)[0]) for n in mat["class_names"].reshape(-1)]
+        names = [all_names[i - 1] if 0 < i <= len(all_names) else str(i) for i in ids]
+    return ImageDataset("cars196", sources, labels, names)
+
+
+def _read_table(path: Path, header: str) -> list[list[str]]:
+    lines = path.read_text().splitlines()
+    body = [ln.split() for ln in lines if ln.strip()]
+    if not body or body[0] != header.split():
+        raise DatasetError(f"{path}: expected the header line {header!r}")
+    return body[1:]
+
+
+@DATASETS.register("sop")
+def sop(root: str | Path | None = None) -> ImageDataset:
+    """Stanford Online Products: ``Ebay_train.txt`` then ``Ebay_test.txt``; label = class_id − 1."""
+    base = _root(root, "sop")
+    sources, classes = [], []
+    for split in ("Ebay_train.txt", "Ebay_test.txt"):
+        table = require_file(base / split, f"SOP annotation file {split}")
+        for lineno, row in enumerate(
+            _read_table(table, "image_id class_id super_class_id path"), 2
+        ):
+            if len(row) != 4 or not row[1].isdigit():
+                raise DatasetError(
+                    f"{table}:{lineno}: expected 'image_id class_id super_class_id path'"
+                )
+            sources.append(_inside(base, row[3], table))
+            classes.append(int(row[1]))
+    check_image_files(sources)
+    labels, ids = renumber(classes)  # the official ids are 1..22634, so this is class_id − 1
+    return ImageDataset("sop", sources, labels, [str(i) for i in ids])
+
+
+@DATASETS.register("inshop")
+def inshop(root: str | Path | None = None) -> ImageDataset:
+    """In-Shop Clothes Retrieval: ``list_eval_partition.txt`` + ``img/``; one class per item id.
+
+    Classes are ordered by item id. ``dataset.partition[i]`` keeps the official
+    ``train`` / ``query`` / ``gallery`` status of each image.
+    """
+    base = _root(root, "inshop")
+    table = require_file(
+        base / "list_eval_partition.txt", "In-Shop annotation file list_eval_partition.txt"
+    )
+    lines = [ln.split() for ln in table.read_text().splitlines() if ln.strip()]
+    if len(lines) < 2 or lines[1] != ["image_name", "item_id", "evaluation_status"]:
+        raise DatasetError(
+            f"{table}: expected a count line, then 'image_name item_id evaluation_status'"
+        )
+    rows = lines[2:]
+    for lineno, row in enumerate(rows, 3):
+        if len(row) != 3:
+            raise DatasetError(f"{table}:{lineno}: expected 'image_name item_id evaluation_status'")
+    sources = [_inside(base, r[0], table) for r in rows]
+    check_image_files(sources)
+    labels, ids = renumber([r[1] for r in rows])
+    ds = ImageDataset("inshop", sources, labels, [str(i) for i in ids])
+    ds.partition = [r[2] for r in rows]
+    return ds
+
+
+@DATASETS.register("omniglot")
+def omniglot(root: str | Path | None = None) -> ImageDataset:
+    """Omniglot from its zip or the extracted folder; class = ``alphabet/character``.
+
+    ``root`` may be the ``.zip`` file, the folder it extracts to, or a folder that holds the zip.
+    Without a root the "background small 1" zip is downloaded once, checked against its SHA-256
+    and cached (see ``mlrc.data.download``).
+    """
+    path = Path(root).expanduser() if root is not None else fetch_omniglot()
+    if path.is_dir():
+        zips = sorted(path.glob("*.zip"))
+        if zips and not any(p.is_dir() for p in path.iterdir()):
+            path = zips[0]
+    if path.is_file():
+        return _omniglot_zip(path)
+    base = require_dir(path, "omniglot root")
+    # character folders = folders that hold images directly; class name = "alphabet/character"
+    folders = sorted(
+        {p.parent for p in base.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()},
+        key=lambda c: (c.parent.name, c.name),
+    )
+    if not folders:
+        raise DatasetError(f"{base}: no <alphabet>/<character>/<image> folders")
+    ds = _from_class_folders("omniglot", folders)
+    ds.class_names = [f"{f.parent.name}/{f.name}" for f in folders]
+    return ds
+
+
+def _omniglot_zip(path: Path) -> ImageDataset:
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise DatasetError(f"{path}: not a readable zip file ({e})") from None
+    with zf:
+        members = [
+            m
+            for m in zf.infolist()
+            if not m.is_dir() and PurePosixPath(m.filename).suffix.lower() in IMAGE_EXTENSIONS
+        ]
+        by_class: dict[str, list[zipfile.ZipInfo]] = {}
+        for m in members:
+            parts = PurePosixPath(m.filename).parts
+            if len(parts) < 3:
+                continue
+            by_class.setdefault(f"{parts[-3]}/{parts[-2]}", []).append(m)
+        if not by_class:
+            raise DatasetError(f"{path}: no <alphabet>/<character>/<image> entries in the zip")
+        names = sorted(by_class)
+        sources, labels, origins = [], [], []
+        for c, name in enumerate(names):
+            for m in sorted(by_class[name], key=lambda m: m.filename):
+                if m.file_size == 0:
+                    raise DatasetError(f"{path}:{m.filename}: image file is empty (0 bytes)")
+                try:
+                    sources.append(zf.read(m))
+                except (zipfile.BadZipFile, OSError) as e:
+                    raise DatasetError(f"{path}:{m.filename}: cannot read from zip ({e})") from None
+                labels.append(c)
+                origins.append(f"{path}:{m.filename}")
+    return ImageDataset("omniglot", sources, labels, names, origins=origins)
+
+
+@DATASETS.register("glyphs")
+def glyphs(root: str | Path | None = None, **kwargs: object) -> ImageDataset:
+    """The embedded default (no files, no network): see ``mlrc.data.glyphs``."""
+    if root is not None:
+        raise DatasetError("dataset 'glyphs' is built in and takes no root")
+    return glyphs_dataset(**kwargs)
