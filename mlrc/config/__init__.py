@@ -1,0 +1,1 @@
+"""Study and preset schema, YAML loading (arrives with the end-to-end study issue)."""

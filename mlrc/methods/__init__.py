@@ -1,0 +1,1 @@
+"""Losses, miners and training strategies, one registry each (arrives with the methods issue)."""

@@ -1,0 +1,1 @@
+"""Trunks, frozen BatchNorm, embedder (the trainable models arrive with the study issue)."""

@@ -1,0 +1,1 @@
+"""Tables and dashboards, read from the store only (arrives with the reporting issue)."""

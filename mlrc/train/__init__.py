@@ -1,0 +1,1 @@
+"""The fold trainer (arrives with the end-to-end study issue). Knows nothing of Optuna."""

@@ -1,0 +1,58 @@
+"""The `mlrc` command as a user runs it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from PIL import Image
+from typer.testing import CliRunner
+
+from mlrc.cli import app
+
+runner = CliRunner()
+
+
+def test_console_script_is_installed():
+    exe = Path(sys.executable).with_name("mlrc")
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
+    assert "demo" in out and "data" in out
+
+
+def test_demo_runs_on_the_embedded_default():
+    r = runner.invoke(app, ["demo", "--reproductions", "3"])
+    assert r.exit_code == 0, r.output
+    assert "glyphs: 1776 images, 111 classes" in r.output
+    assert "55 train+val classes, 56 test classes, 4 folds (scheme 'mlrc')" in r.output
+    assert "fold 1: train 42 classes, val 13 classes 0–12" in r.output
+    row = re.search(r"untrained linear.*?([\d.]+) ± ([\d.]+)", r.output)
+    assert row and 0 < float(row.group(1)) < 100 and float(row.group(2)) > 0
+
+
+def test_data_summary_on_real_omniglot(omniglot_zip):
+    r = runner.invoke(app, ["data", "summary", "omniglot", "--root", str(omniglot_zip)])
+    assert r.exit_code == 0, r.output
+    assert "omniglot: 2720 images, 136 classes, 20–20 images per class" in r.output
+    assert "fold 0: train 51 classes, val 17 classes 0–16" in r.output
+
+
+def test_data_check_lists_corrupt_images(tmp_path):
+    for c in "ab":
+        (tmp_path / c).mkdir()
+        Image.new("RGB", (4, 4)).save(tmp_path / c / "1.png")
+    (tmp_path / "b" / "2.png").write_bytes(b"\x89PNG garbage")
+    r = runner.invoke(app, ["data", "check", "image_folder", "--root", str(tmp_path)])
+    assert r.exit_code == 1
+    assert "2.png: unreadable or corrupt image" in r.output and "2 of 3 images readable" in r.output
+
+
+def test_errors_are_one_line_without_traceback(tmp_path):
+    r = runner.invoke(app, ["data", "summary", "cub200", "--root", str(tmp_path / "missing")])
+    assert r.exit_code == 2
+    assert r.output.strip().startswith("error:") and "Traceback" not in r.output
+    r = runner.invoke(app, ["data", "summary", "cub"])
+    assert r.exit_code == 2 and "did you mean 'cub200'" in r.output
+    r = runner.invoke(app, ["data", "summary", "glyphs", "--folds", "40"])
+    assert r.exit_code == 2 and "55 train+val classes are too few for 40 folds" in r.output
