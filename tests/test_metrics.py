@@ -53,6 +53,34 @@ def test_against_naive_loop(seed, dim):
     assert got["num_queries"] == int((np.bincount(y)[y] > 1).sum())
 
 
+@pytest.mark.parametrize("normalize", [True, False])
+def test_collapsed_embeddings_are_ranked_exactly(normalize):
+    """Nearly collinear embeddings: float32 distances tie or misorder; the float64 re-ranking
+    must still agree with the float64 naive loop."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 40, 600)
+    x = (np.ones(64) + 1e-4 * rng.standard_normal((600, 64))).astype(np.float32)
+    got, want = retrieval_metrics(x, y, normalize=normalize), naive_metrics(x, y, normalize)
+    for k in M.METRICS:
+        assert got[k] == pytest.approx(want[k], abs=1e-12)
+
+
+def test_exact_ties_at_the_candidate_boundary_fall_back_to_a_full_float64_ranking(monkeypatch):
+    """Groups of identical vectors under different labels: ties at the boundary of the float32
+    candidates cannot be certified, so those queries are ranked over all items (ties by index)."""
+    rng = np.random.default_rng(1)
+    centres = rng.standard_normal((6, 16))
+    x = np.repeat(centres, 60, axis=0).astype(np.float32)  # 60 exact copies > k + 8 candidates
+    y = rng.integers(0, 10, len(x))
+    calls = []
+    original = M._score64
+    monkeypatch.setattr(M, "_score64", lambda *a: calls.append(a[2].shape) or original(*a))
+    got, want = retrieval_metrics(x, y), naive_metrics(x, y)
+    assert any(shape == (1, len(x)) for shape in calls)  # the fallback ran
+    for k in M.METRICS:
+        assert got[k] == pytest.approx(want[k], abs=1e-12)
+
+
 def test_unnormalised_ranks_by_euclidean_distance():
     x, y = clustered(20, 16, 7)
     x *= np.random.default_rng(0).uniform(0.2, 5.0, (len(x), 1)).astype(np.float32)

@@ -12,6 +12,11 @@ Conventions (notes/protocol-and-anchors.md §1.8):
 - each metric is the plain mean over the kept queries (PML ``avg_of_avgs=False``);
 - k = the largest class size, so no query needs more than k neighbours.
 
+Neighbours are exact in float64 (normalisation included): a float32 candidate search is
+followed by a float64 re-ranking with a proof that the candidates hold the true top k (see
+``_exact_knn``); exact ties go to the lower index. faiss (and so PML) ranks in float32, which can
+order near-ties of collapsed, nearly collinear embeddings differently (effect ~1e-5).
+
 All returned values are fractions in [0, 1], as Python floats.
 """
 
@@ -44,7 +49,8 @@ def retrieval_metrics(
     most 256 MiB of float32 similarities, so 60,000 × 512 needs well under 1 GB beyond the
     embeddings themselves. Also returns ``num_queries`` (queries with R > 0).
     """
-    x = _as_tensor(embeddings, device).float()
+    x = _as_tensor(embeddings, device)
+    x = x if x.dtype == torch.float64 else x.float()
     y = _as_tensor(labels, x.device).long().reshape(-1)
     if x.ndim != 2 or x.shape[0] != y.shape[0]:
         raise ValueError(
@@ -52,9 +58,11 @@ def retrieval_metrics(
         )
     if not torch.isfinite(x).all():
         raise ValueError("embeddings contain NaN or infinite values")
-    n = x.shape[0]
+    n, d = x.shape
+    x64 = x.double()
     if normalize:
-        x = torch.nn.functional.normalize(x, p=2, dim=1)
+        x64 = torch.nn.functional.normalize(x64, p=2, dim=1)
+    x32 = x64.float()
 
     _, y_idx, counts = torch.unique(y, return_inverse=True, return_counts=True)
     R_all = counts[y_idx] - 1  # other items of the query's class
@@ -62,16 +70,12 @@ def retrieval_metrics(
     if k < 1 or int((R_all > 0).sum()) == 0:
         raise ValueError("no query has another item of its class: metrics are undefined")
 
-    sq_norm = (x * x).sum(1)
     block = max(1, _BLOCK_BYTES // (4 * n))
     sums = torch.zeros(3, dtype=torch.float64, device=x.device)
     ranks = torch.arange(1, k + 1, device=x.device, dtype=torch.float64)
     for start in range(0, n, block):
         q = torch.arange(start, min(start + block, n), device=x.device)
-        # −‖q − r‖² up to a per-query constant: ranks exactly as Euclidean distance
-        score = 2.0 * (x[q] @ x.T) - sq_norm[None, :]
-        score[torch.arange(len(q), device=x.device), q] = -torch.inf  # exclude self
-        nn_idx = score.topk(k, dim=1).indices
+        nn_idx = _exact_knn(x32, x64, q, k, normalize)
         rel = (y[nn_idx] == y[q, None]).double()
         R = R_all[q].double()
         keep = R > 0
@@ -86,6 +90,59 @@ def retrieval_metrics(
     out = dict(zip(METRICS, values, strict=True))
     out["num_queries"] = num_queries
     return out
+
+
+_U32 = 2.0**-24  # unit roundoff of float32
+_PAD = 8  # extra float32 candidates per query before the float64 re-ranking
+
+
+def _score64(x64: torch.Tensor, q: torch.Tensor, r: torch.Tensor, normalize: bool) -> torch.Tensor:
+    """Float64 ranking score of references ``r`` (q × c indices) for queries ``q``."""
+    dot = torch.bmm(x64[r], x64[q].unsqueeze(2)).squeeze(2)
+    return dot if normalize else 2.0 * dot - (x64[r] ** 2).sum(-1)
+
+
+def _exact_knn(
+    x32: torch.Tensor, x64: torch.Tensor, q: torch.Tensor, k: int, normalize: bool
+) -> torch.Tensor:
+    """Indices (len(q) × k) of each query's k nearest other items, exact in float64.
+
+    Score s(q, r) = q·r on unit vectors (same order as −‖q − r‖²), else 2q·r − ‖r‖². A float32
+    pass keeps the top k + 8 candidates; they are re-scored in float64 and sorted (ties by
+    index). Why this is exact: with u = 2⁻²⁴ and γ_d = d·u/(1 − d·u), a float32 score of
+    rounded inputs is within e = 2(γ_d + 3u)(2‖q‖·M + M²) of the float64 score, M = max ‖r‖
+    (Higham, Accuracy and Stability, §3.1; the bound holds for any summation order). Every
+    non-candidate r has s32(r) ≤ c, the lowest candidate's float32 score, so its float64 score
+    is ≤ c + e. If the k-th best float64 candidate score exceeds c + e, no non-candidate can
+    enter the top k. Queries where this check fails are re-ranked over all items in float64.
+    """
+    n, d = x32.shape
+    rows = torch.arange(len(q), device=x32.device)
+    s32 = x32[q] @ x32.T
+    if not normalize:
+        s32 = 2.0 * s32 - (x32 * x32).sum(1)[None, :]
+    s32[rows, q] = -torch.inf  # exclude self
+    c = min(k + _PAD, n - 1)
+    cand_s32, cand = s32.topk(c, dim=1)
+    cand, order = cand.sort(
+        dim=1
+    )  # index order first, so the stable sort below breaks ties by index
+    s64 = _score64(x64, q, cand, normalize)
+    s64, order = s64.sort(dim=1, descending=True, stable=True)
+    best = cand.gather(1, order)[:, :k]
+    if c == n - 1:
+        return best  # every other item was a candidate
+    gamma = d * _U32 / (1 - d * _U32)
+    M = x64.norm(dim=1).max()
+    e = 2 * (gamma + 3 * _U32) * (2 * x64[q].norm(dim=1) * M + M * M)
+    unsure = torch.nonzero(s64[:, k - 1] <= cand_s32[:, -1].double() + e).flatten()
+    for i in unsure.tolist():  # rare: near-ties at the candidate boundary
+        full = _score64(x64, q[i : i + 1], torch.arange(n, device=x32.device)[None, :], normalize)[
+            0
+        ]
+        full[q[i]] = -torch.inf
+        best[i] = torch.sort(-full, stable=True).indices[:k]
+    return best
 
 
 def concatenate_embeddings(embeddings: Sequence[ArrayLike]) -> ArrayLike:
