@@ -1,1 +1,346 @@
-"""Study and preset schema, YAML loading (arrives with the end-to-end study issue)."""
+"""Study files and presets: YAML → validated, fully resolved configuration.
+
+A mistake in a study file is one ``ConfigError`` whose message names the file and the key
+(``study.yaml: loss.search.margin: low (2.0) > high (1.0)``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+REPO = Path(__file__).resolve().parents[2]
+PRESETS_DIR = REPO / "studies" / "presets"
+SPACES_DIR = REPO / "studies" / "spaces"
+LOSS_LR = "loss_lr"  # search/param name of the loss optimiser's learning rate
+
+
+class ConfigError(ValueError):
+    """A study, preset or search-space file is wrong; the message says where and what."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- search spaces -----------------------------------------------------------------------------
+
+
+class ParamSpace(_Strict):
+    """``{low, high}`` (uniform float), ``+ log: true``, ``+ int: true`` (+ ``step``), or ``{choices}``."""
+
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    int_: bool = Field(False, alias="int")
+    step: float | None = None
+    choices: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ParamSpace:
+        if self.choices is not None:
+            if self.low is not None or self.high is not None:
+                raise ValueError("give either choices or low/high, not both")
+            if not self.choices:
+                raise ValueError("choices is empty")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError("needs low and high (or choices)")
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            raise ValueError("low and high must be finite numbers")
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) > high ({self.high})")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log range must be > 0, got low = {self.low}")
+        if self.log and self.step is not None:
+            raise ValueError("step cannot be used with log")
+        return self
+
+
+# --- preset ------------------------------------------------------------------------------------
+
+
+class ImageSpec(_Strict):
+    resize: int = Field(gt=0)
+    crop: int = Field(gt=0)
+    scale: tuple[float, float] = (0.16, 1.0)
+    ratio: tuple[float, float] = (0.75, 1.33)
+    flip: bool = True
+
+
+class BatchSpec(_Strict):
+    size: int = Field(32, ge=2)
+    images_per_class: dict[Literal["pair", "class"], int] = {"pair": 4, "class": 1}
+
+
+class OptimizerSpec(_Strict):
+    lr: float = Field(gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    momentum: float = Field(0.0, ge=0)
+
+
+class LossOptimizerSpec(_Strict):
+    lr: ParamSpace
+    weight_decay: float = Field(0.0, ge=0)
+    momentum: float = Field(0.0, ge=0)
+
+
+class SearchSpec(_Strict):
+    trials: int | None = Field(None, ge=1)
+    sampler: Literal["gp", "tpe"] | None = None
+    seed: int = 0
+    enqueue: list[dict[str, Any]] = []
+
+
+class TestSpec(_Strict):
+    reproductions: int | None = Field(None, ge=2)
+
+
+class Preset(_Strict):
+    """Every number of the protocol (DESIGN.md §1). Per-dataset keys fall back to ``default``."""
+
+    trunk: str
+    pretrained: bool | str = False
+    freeze_batchnorm: bool = True
+    embedding_size: int = Field(128, gt=0)
+    image: ImageSpec
+    batch: BatchSpec = BatchSpec()
+    optimizer: OptimizerSpec
+    loss_optimizer: LossOptimizerSpec
+    iterations_per_epoch: int = Field(gt=0)
+    max_epochs: int = Field(gt=0)
+    validate_every: dict[str, int]
+    patience: dict[str, int]
+    folds: int = Field(4, ge=2)
+    split_scheme: Literal["kfold", "mlrc"] = "mlrc"
+    num_workers: int = Field(0, ge=0)
+    eval_batch_size: int = Field(32, gt=0)
+    search: SearchSpec = SearchSpec(trials=50, sampler="gp")
+    test: TestSpec = TestSpec(reproductions=10)
+
+    @model_validator(mode="after")
+    def _defaults(self) -> Preset:
+        for key in ("validate_every", "patience"):
+            if "default" not in getattr(self, key):
+                raise ValueError(f"{key} needs a 'default' entry")
+        return self
+
+    def per_dataset(self, key: Literal["validate_every", "patience"], dataset: str) -> int:
+        table = getattr(self, key)
+        return int(table.get(dataset, table["default"]))
+
+
+# --- study -------------------------------------------------------------------------------------
+
+
+class DatasetRef(_Strict):
+    name: str
+    root: str | None = None
+    params: dict[str, Any] = {}
+
+
+class LossRef(_Strict):
+    name: str
+    params: dict[str, Any] = {}
+    search: dict[str, ParamSpace] | None = None  # None → studies/spaces/<name>.yaml
+
+
+class StudyConfig(_Strict):
+    """A study file, validated. ``resolved()`` merges it with its preset."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    dataset: DatasetRef
+    preset: str = "cpu"
+    loss: LossRef
+    strategy: None = None  # training strategies arrive with the methods issue
+    search: SearchSpec = SearchSpec()
+    test: TestSpec = TestSpec()
+    overrides: dict[str, Any] = {}
+
+
+class ResolvedStudy(_Strict):
+    """What a run needs: the study, its full preset (with overrides), its search space."""
+
+    study: StudyConfig
+    preset: Preset
+    space: dict[str, ParamSpace]
+    fixed: dict[str, Any]
+    trials: int
+    sampler: Literal["gp", "tpe"]
+    reproductions: int
+    source: str = ""
+
+    def fingerprint(self) -> dict[str, Any]:
+        """JSON-able content that defines the study (used to detect a changed study file)."""
+        return self.model_dump(mode="json", exclude={"source"}, by_alias=True)
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+def load_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: {where}malformed YAML ({problem})") from None
+
+
+def _format_error(source: str, err: ValidationError, model: type[BaseModel]) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"])
+    if e["type"] == "extra_forbidden":
+        key = str(e["loc"][-1])
+        parent = _fields_at(model, e["loc"][:-1])
+        close = difflib.get_close_matches(key, parent, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"{source}: unknown key {loc!r}{hint}"
+    msg = e["msg"].removeprefix("Value error, ")
+    return f"{source}: {loc}: {msg}" if loc else f"{source}: {msg}"
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    for part in loc:
+        field = model.model_fields.get(str(part)) if isinstance(model, type) else None
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    fields = list(model.model_fields)
+    return fields + [f.alias for f in model.model_fields.values() if f.alias]
+
+
+def _validate(model: type[BaseModel], data: Any, source: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_error(source, e, model)) from None
+
+
+def load_preset(
+    name_or_path: str, overrides: dict[str, Any] | None = None, source: str = ""
+) -> Preset:
+    """A preset by name (``studies/presets/<name>.yaml``) or path, with ``overrides`` merged in."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PRESETS_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            names = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+            close = difflib.get_close_matches(name_or_path, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{source or 'study'}: unknown preset {name_or_path!r}{hint} "
+                f"(available: {', '.join(names)}, or a path to a preset YAML)"
+            )
+    data = load_yaml(path)
+    if overrides:
+        data = _deep_merge(data, overrides, f"{source}: overrides" if source else "overrides")
+    return _validate(
+        Preset, data, str(path) if not overrides else f"{source}: preset {path.name} + overrides"
+    )
+
+
+def _deep_merge(base: dict, over: dict, where: str) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if k not in base and k not in Preset.model_fields:
+            close = difflib.get_close_matches(k, list(Preset.model_fields), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{where}: unknown preset field {k!r}{hint}")
+        out[k] = (
+            _deep_merge(base[k], v, f"{where}.{k}")
+            if isinstance(v, dict) and isinstance(base.get(k), dict)
+            else v
+        )
+    return out
+
+
+def default_space(loss: str) -> dict[str, ParamSpace]:
+    path = SPACES_DIR / f"{loss}.yaml"
+    if not path.is_file():
+        return {}
+    data = load_yaml(path) or {}
+    return {k: _validate(ParamSpace, v, f"{path}: {k}") for k, v in data.items()}
+
+
+def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
+    """Merge study and preset; check the loss, its parameters and the dataset root."""
+    from mlrc import data
+    from mlrc.methods import losses
+    from mlrc.registry import RegistryError
+
+    try:
+        spec = losses.info(study.loss.name)
+    except RegistryError as e:
+        raise ConfigError(f"{source}: loss.name: {e}") from None
+    if study.dataset.name not in data.available():
+        close = difflib.get_close_matches(study.dataset.name, data.available(), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"{source}: dataset.name: unknown dataset {study.dataset.name!r}{hint} "
+            f"(available: {', '.join(data.available())})"
+        )
+    preset = load_preset(study.preset, study.overrides, source)
+    if study.loss.search is not None:
+        space = study.loss.search
+    else:  # the loss's default space, minus what the study fixes in loss.params
+        space = {k: v for k, v in default_space(spec.name).items() if k not in study.loss.params}
+    accepted = set(spec.params) | ({LOSS_LR} if spec.has_parameters else set())
+    for where, names in (("loss.params", study.loss.params), ("loss.search", space)):
+        for k in names:
+            if k not in accepted:
+                raise ConfigError(
+                    f"{source}: {where}.{k}: loss {spec.name!r} takes no parameter {k!r} "
+                    f"(it takes: {', '.join(sorted(accepted)) or 'none'})"
+                )
+    both = set(study.loss.params) & set(space)
+    if both:
+        raise ConfigError(f"{source}: loss.params and loss.search both set {sorted(both)}")
+    if spec.has_parameters and LOSS_LR not in space and LOSS_LR not in study.loss.params:
+        space = {**space, LOSS_LR: preset.loss_optimizer.lr}
+    trials = study.search.trials or preset.search.trials or 1
+    if not space and trials > 1:
+        raise ConfigError(
+            f"{source}: search.trials = {trials} but the search space is empty "
+            "(nothing to search: use trials: 1)"
+        )
+    return ResolvedStudy(
+        study=study,
+        preset=preset,
+        space=space,
+        fixed=dict(study.loss.params),
+        trials=trials,
+        sampler=study.search.sampler or preset.search.sampler or "gp",
+        reproductions=study.test.reproductions or preset.test.reproductions or 2,
+        source=source,
+    )
+
+
+def load_study(path: str | Path) -> ResolvedStudy:
+    """Read, validate and resolve a study file. Relative dataset roots: cwd, then the file's dir."""
+    path = Path(path)
+    study = _validate(StudyConfig, load_yaml(path), str(path))
+    root = study.dataset.root
+    if root is not None:
+        candidates = [Path(root).expanduser(), path.parent / root]
+        found = next((c for c in candidates if c.exists()), None)
+        if found is None:
+            raise ConfigError(
+                f"{path}: dataset.root: {root} does not exist "
+                f"(looked in {candidates[0].resolve()} and {candidates[1].resolve()})"
+            )
+        study.dataset.root = str(found.resolve())
+    return resolve(study, str(path))
