@@ -19,6 +19,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check mlrc tests bench
+	$(BIN)/ruff format --check mlrc tests bench
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -89,19 +91,15 @@ def data_check(
         raise typer.Exit(1)
 
 
-@app.command()
-def demo(
+@data_app.command("baselines")
+def data_baselines(
     dataset: DatasetOpt = "glyphs",
     root: RootOpt = None,
     scheme: SchemeOpt = "mlrc",
     reproductions: Annotated[int, typer.Option(help="random embedders for the CI")] = 5,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N")] = "cpu",
 ) -> None:
-    """Protocol walk-through on the embedded default: split, then untrained baselines with 95% CIs.
-
-    Nothing is trained yet: the baselines are raw pixels and untrained 128-D embedders (random
-    Gaussian projections of the pixels), scored on the test half of the classes.
-    """
+    """Untrained baselines on the test half: raw pixels and random 128-D linear embedders (95% CIs)."""
     from mlrc.models.baselines import pixel_features, random_embedder
 
     ds = _load(dataset, root)
@@ -138,6 +136,241 @@ def demo(
     table.add_row("untrained linear (random)", "128", str(reproductions), *cells)
     console.print(table)
     console.print("± is the half-width of the 95% t-interval over the random embedders.")
+
+
+# --- studies -----------------------------------------------------------------------------------
+
+study_app = typer.Typer(no_args_is_help=True, help="Studies: run the search, test, status.")
+app.add_typer(study_app, name="study")
+StorageOpt = Annotated[str, typer.Option("--storage", help="SQLAlchemy URL of the store")]
+ArtifactsOpt = Annotated[Path, typer.Option("--artifacts", help="checkpoint directory")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress bars")]
+DEFAULT_STORAGE = "sqlite:///mlrc.db"
+DEFAULT_ARTIFACTS = Path("mlrc-artifacts")
+
+
+@contextmanager
+def _user_errors():
+    """Turn every expected failure into one line on stderr and exit code 2."""
+    from mlrc.config import ConfigError
+    from mlrc.search.study import StudyError
+    from mlrc.store import StoreError
+
+    try:
+        yield
+    except (ConfigError, StudyError, StoreError, DatasetError, RegistryError, SplitError) as e:
+        _fail(str(e))
+
+
+def _open(study_file: Path, storage: str, artifacts: Path, device: str, quiet: bool):
+    from mlrc.config import load_study
+    from mlrc.search.study import open_study
+
+    return open_study(load_study(study_file), storage, artifacts, device, progress=not quiet)
+
+
+@study_app.command("run")
+def study_run(
+    study_file: Annotated[Path, typer.Argument(help="study YAML")],
+    storage: StorageOpt = DEFAULT_STORAGE,
+    artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
+    device: DeviceOpt = "cpu",
+    quiet: QuietOpt = False,
+) -> None:
+    """Run (or resume) the Bayesian search: trials × 4 folds, objective = mean val MAP@R."""
+    from mlrc.search.study import run_search
+
+    with _user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
+        run_search(ctx)
+        _print_status(ctx)
+
+
+@study_app.command("test")
+def study_test(
+    study_file: Annotated[Path, typer.Argument(help="study YAML")],
+    storage: StorageOpt = DEFAULT_STORAGE,
+    artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
+    device: DeviceOpt = "cpu",
+    quiet: QuietOpt = False,
+) -> None:
+    """Retrain the best parameters N times × 4 folds and test on the unseen classes."""
+    from mlrc.search.study import run_test
+
+    with _user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
+        for problem in run_test(ctx):
+            console.print(f"[yellow]failed:[/yellow] {problem}", soft_wrap=True)
+        _print_report(ctx.engine, [ctx.name], "md")
+
+
+@study_app.command("status")
+def study_status(
+    study: Annotated[str, typer.Argument(help="study YAML or study name")],
+    storage: StorageOpt = DEFAULT_STORAGE,
+) -> None:
+    """Trials (complete/running/failed with reasons), best so far, folds done."""
+    from mlrc import store
+    from mlrc.config import load_study
+
+    with _user_errors():
+        name = load_study(study).study.name if study.endswith((".yaml", ".yml")) else study
+        engine = store.connect(storage)
+        _print_status_by_name(engine, name)
+
+
+def _print_status(ctx) -> None:
+    _print_status_by_name(ctx.engine, ctx.name)
+
+
+def _print_status_by_name(engine, name: str) -> None:
+    from sqlalchemy import func, select
+
+    from mlrc import store
+
+    with store.session(engine) as s:
+        st = store.get_study(s, name)
+        if st is None:
+            _fail(f"no study {name!r} in {store.redact(str(engine.url))}")
+        trials = (
+            s.execute(select(store.Trial).filter_by(study_id=st.id).order_by(store.Trial.number))
+            .scalars()
+            .all()
+        )
+        folds = dict(
+            s.execute(
+                select(store.FoldRun.kind, func.count())
+                .filter_by(study_id=st.id, status="complete")
+                .group_by(store.FoldRun.kind)
+            ).all()
+        )
+        tests = s.execute(
+            select(func.count(func.distinct(store.TestResult.reproduction))).filter_by(
+                study_id=st.id
+            )
+        ).scalar()
+    table = Table(title=f"study {name} ({st.dataset}, {st.loss}, preset {st.preset})")
+    for col in ("trial", "state", "val MAP@R", "± SEM", "params", "reason"):
+        table.add_column(col)
+    for t in trials:
+        table.add_row(
+            str(t.number),
+            t.state,
+            f"{t.value:.4f}" if t.value is not None else "",
+            f"{t.sem:.4f}" if t.sem is not None else "",
+            ", ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items()
+            ),
+            t.reason or "",
+        )
+    console.print(table)
+    for t in trials:
+        if t.reason:
+            console.print(
+                f"trial {t.number} {t.state}: {t.reason}", soft_wrap=True, highlight=False
+            )
+    counts = {
+        state: sum(t.state == state for t in trials)
+        for state in ("complete", "running", "failed", "interrupted")
+    }
+    done = [t for t in trials if t.state == "complete"]
+    best = max(done, key=lambda t: t.value) if done else None
+    console.print(
+        ", ".join(f"{v} {k}" for k, v in counts.items())
+        + f"; folds done: {folds.get('search', 0)} search, {folds.get('test', 0)} test; "
+        f"reproductions tested: {tests}",
+        soft_wrap=True,
+    )
+    if best is not None:
+        console.print(
+            f"best so far: trial {best.number}, val MAP@R {best.value:.4f} "
+            f"± {best.sem:.4f} (SEM over folds)",
+            soft_wrap=True,
+        )
+
+
+@app.command()
+def report(
+    storage: StorageOpt = DEFAULT_STORAGE,
+    study: Annotated[list[str] | None, typer.Option("--study", help="study name (repeat)")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="md, csv or latex")] = "md",
+    out: Annotated[Path | None, typer.Option("--out", help="write to this file")] = None,
+) -> None:
+    """Test results with 95% CIs: separated (128-D) and concatenated (512-D), in percent."""
+    from mlrc import store
+
+    if fmt not in ("md", "csv", "latex"):
+        _fail(f"unknown format {fmt!r} (md, csv or latex)")
+    with _user_errors():
+        _print_report(store.connect(storage), study, fmt, out)
+
+
+def _print_report(engine, studies: list[str] | None, fmt: str, out: Path | None = None) -> None:
+    from mlrc.report.tables import collect, render, summarize
+
+    text = render(summarize(collect(engine, studies)), fmt)
+    if out is not None:
+        out.write_text(text)
+        console.print(f"wrote {out}")
+    else:
+        print(text)
+
+
+@app.command()
+def demo(
+    storage: StorageOpt = "sqlite:///mlrc-demo.db",
+    artifacts: ArtifactsOpt = Path("mlrc-demo-artifacts"),
+    device: DeviceOpt = "cpu",
+    quiet: QuietOpt = False,
+    trials: Annotated[
+        int | None, typer.Option(help="search trials (default: cpu preset, 4)")
+    ] = None,
+    reproductions: Annotated[
+        int | None, typer.Option(help="test reproductions (default: cpu preset, 2)")
+    ] = None,
+    max_epochs: Annotated[
+        int | None, typer.Option(help="epoch cap per fold (default: cpu preset, 16)")
+    ] = None,
+) -> None:
+    """A complete small study on the embedded default: search, test stage, table with CIs."""
+    import time
+
+    from mlrc.config import StudyConfig, resolve
+    from mlrc.search.study import open_study, run_search, run_test
+    from mlrc.store import canonical_json
+
+    t0 = time.monotonic()
+    cfg = {
+        "name": "demo",
+        "dataset": {"name": "glyphs"},
+        "preset": "cpu",
+        "loss": {"name": "contrastive"},
+        "search": {"seed": 0, "trials": trials},
+        "test": {"reproductions": reproductions},
+        "overrides": {"max_epochs": max_epochs} if max_epochs else {},
+    }
+    with _user_errors():
+        resolved = resolve(StudyConfig.model_validate(cfg), "demo")
+        tag = hashlib.sha256(canonical_json(resolved.fingerprint()).encode()).hexdigest()[:8]
+        resolved.study.name = f"demo-glyphs-contrastive-{tag}"
+        console.rule(f"[bold]mlrc demo[/bold]: {resolved.study.name}")
+        console.print(
+            f"glyphs × contrastive, preset cpu: {resolved.trials} trials × "
+            f"{resolved.preset.folds} folds, then {resolved.reproductions} reproductions "
+            f"× {resolved.preset.folds} folds",
+            soft_wrap=True,
+        )
+        with open_study(resolved, storage, artifacts, device, progress=not quiet) as ctx:
+            console.print(ctx.split.summary(), highlight=False)
+            run_search(ctx)
+            _print_status(ctx)
+            for problem in run_test(ctx):
+                console.print(f"[yellow]failed:[/yellow] {problem}", soft_wrap=True)
+            _print_report(ctx.engine, [ctx.name], "md")
+    console.print(
+        f"database: {storage}\nartifacts: {artifacts.resolve() / resolved.study.name}\n"
+        f"wall time: {time.monotonic() - t0:.0f} s",
+        soft_wrap=True,
+    )
 
 
 if __name__ == "__main__":

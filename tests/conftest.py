@@ -25,3 +25,60 @@ def omniglot_zip() -> Path:
     path = Path(os.environ.get("MLRC_OMNIGLOT_ZIP", OMNIGLOT_DEFAULT))
     require(path.is_file(), f"the real Omniglot subset is not at {path} (set MLRC_OMNIGLOT_ZIP)")
     return path
+
+
+def _pg_bin() -> Path | None:
+    import glob
+    import shutil
+
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).parent
+    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return Path(versions[-1]).parent if versions else None
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """A real throwaway PostgreSQL server on a free local port (as user `postgres` under root)."""
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+
+    bindir = _pg_bin()
+    require(bindir is not None, "PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+    base = Path(tempfile.mkdtemp(prefix="mlrc-pg-"))  # not under pytest's 0700 root dir
+    datadir = base / "data"
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # postgres refuses to run as root
+        import pwd
+
+        try:
+            pw = pwd.getpwnam("postgres")
+        except KeyError:
+            require(False, "running as root and there is no 'postgres' user to run the server")
+        os.chown(base, pw.pw_uid, pw.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = lambda *cmd: subprocess.run([*as_user, *cmd], check=True, capture_output=True)  # noqa: E731
+    run(str(bindir / "initdb"), "-D", str(datadir), "-U", "mlrc", "--auth=trust", "-E", "UTF8")
+    run(
+        str(bindir / "pg_ctl"),
+        "-D",
+        str(datadir),
+        "-l",
+        str(base / "log"),
+        "-w",
+        "-o",
+        f"-p {port} -k {base} -c listen_addresses=127.0.0.1",
+        "start",
+    )
+    yield f"postgresql+psycopg://mlrc@127.0.0.1:{port}/postgres"
+    subprocess.run(
+        [*as_user, str(bindir / "pg_ctl"), "-D", str(datadir), "-m", "immediate", "stop"],
+        capture_output=True,
+    )
+    shutil.rmtree(base, ignore_errors=True)

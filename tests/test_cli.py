@@ -21,11 +21,25 @@ def test_console_script_is_installed():
     assert "demo" in out and "data" in out
 
 
-def test_demo_runs_on_the_embedded_default():
-    r = runner.invoke(app, ["demo", "--reproductions", "3"])
+def test_demo_runs_a_whole_small_study(tmp_path, monkeypatch):
+    """`mlrc demo` with a smaller budget (the full demo is the same path with the cpu preset)."""
+    monkeypatch.chdir(tmp_path)
+    args = ["demo", "--quiet", "--trials", "1", "--reproductions", "2", "--max-epochs", "1"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "1 trials × 4 folds, then 2 reproductions × 4 folds" in r.output
+    assert "55 train+val classes, 56 test classes, 4 folds (scheme 'mlrc')" in r.output
+    assert "### glyphs" in r.output and "| contrastive | 2 |" in r.output
+    assert "database: sqlite:///mlrc-demo.db" in r.output and (tmp_path / "mlrc-demo.db").is_file()
+    assert (tmp_path / "mlrc-demo-artifacts").is_dir()
+    again = runner.invoke(app, args)  # a second run resumes: everything is already done
+    assert again.exit_code == 0 and "| contrastive | 2 |" in again.output
+
+
+def test_baselines_on_the_embedded_default():
+    r = runner.invoke(app, ["data", "baselines", "--reproductions", "3"])
     assert r.exit_code == 0, r.output
     assert "glyphs: 1776 images, 111 classes" in r.output
-    assert "55 train+val classes, 56 test classes, 4 folds (scheme 'mlrc')" in r.output
     assert "fold 1: train 42 classes, val 13 classes 0–12" in r.output
     row = re.search(r"untrained linear.*?([\d.]+) ± ([\d.]+)", r.output)
     assert row and 0 < float(row.group(1)) < 100 and float(row.group(2)) > 0

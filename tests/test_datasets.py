@@ -210,10 +210,12 @@ def test_glyphs_is_deterministic_and_has_enough_distinct_classes():
     assert ink.min() > 10  # no blank image
     first_of_class = a[:: len(G.FONT_FILES)]
     assert len({im.tobytes() for im in first_of_class}) == 111
-    direct = G.render_glyph(
-        "Q", G.FONT_FILES[3], 64, np.random.default_rng((0, G.CHARACTERS.index("Q"), 3))
-    )
-    assert np.array_equal(direct, a[G.CHARACTERS.index("Q") * 16 + 3])
+    q = G.class_order().index("Q")
+    direct = G.render_glyph("Q", G.FONT_FILES[3], 64, np.random.default_rng((0, q, 3)))
+    assert np.array_equal(direct, a[q * 16 + 3])
+    assert sorted(G.class_order()) == sorted(G.CHARACTERS)  # a permutation
+    halves = G.class_order()[:55], G.class_order()[55:]
+    assert all(any(c.isupper() for c in h) and any(c.isdigit() for c in h) for h in halves)
 
 
 def test_glyphs_feed_a_dataloader_with_a_torchvision_transform():

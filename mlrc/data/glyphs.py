@@ -3,9 +3,10 @@
 In the spirit of notMNIST: one class per character, one image per typeface. It needs no files and
 no network, only the TrueType fonts that matplotlib (a dependency) ships in ``mpl-data/fonts/ttf``.
 
-- Classes (111, in this order): A–Z, a–z, 0–9, the ten Greek capitals that do not look like Latin
-  ones (Γ Δ Θ Λ Ξ Π Σ Φ Ψ Ω), 23 Greek small letters (α–ω without omicron), and
-  & @ # $ % ? ! § ¶ ß € £ ¥ ÷ × ∂.
+- Classes (111): A–Z, a–z, 0–9, the ten Greek capitals that do not look like Latin ones
+  (Γ Δ Θ Λ Ξ Π Σ Φ Ψ Ω), 23 Greek small letters (α–ω without omicron), and
+  & @ # $ % ? ! § ¶ ß € £ ¥ ÷ × ∂. Labels follow a fixed shuffle of that list
+  (``class_order()``, numpy seed 2020), so the protocol's two class halves both mix scripts.
 - Images per class (16): one per typeface — DejaVu Sans, DejaVu Sans Mono and DejaVu Serif
   (regular, bold, oblique/italic, bold oblique/italic each) and STIX General (regular, bold,
   italic, bold italic).
@@ -78,10 +79,18 @@ def render_glyph(char: str, font_file: str, size: int, rng: np.random.Generator)
     return np.asarray(canvas.convert("RGB"))
 
 
+def class_order() -> str:
+    """The characters in label order: a fixed shuffle (seed 2020) of ``CHARACTERS``, so that the
+    protocol's train+val half and test half both mix Latin, digits, Greek and symbols."""
+    return "".join(
+        np.asarray(list(CHARACTERS))[np.random.default_rng(2020).permutation(len(CHARACTERS))]
+    )
+
+
 @lru_cache(maxsize=4)
 def _render_all(size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     images, labels = [], []
-    for c, char in enumerate(CHARACTERS):
+    for c, char in enumerate(class_order()):
         for f, font_file in enumerate(FONT_FILES):
             images.append(render_glyph(char, font_file, size, np.random.default_rng((seed, c, f))))
             labels.append(c)
@@ -96,6 +105,6 @@ def glyphs_dataset(size: int = 64, seed: int = 0) -> ImageDataset:
     if missing:
         raise FileNotFoundError(f"{font_dir()}: matplotlib fonts missing for 'glyphs': {missing}")
     images, labels = _render_all(int(size), int(seed))
-    names = [f"U+{ord(ch):04X} {ch}" for ch in CHARACTERS]
+    names = [f"U+{ord(ch):04X} {ch}" for ch in class_order()]
     origins = [f"glyphs:{names[y]}:{FONT_FILES[i % len(FONT_FILES)]}" for i, y in enumerate(labels)]
     return ImageDataset("glyphs", list(images), labels, names, origins=origins)

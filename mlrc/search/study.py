@@ -1,0 +1,476 @@
+"""A study end to end on one machine: Bayesian search over 4-fold CV, then the test stage.
+
+Knows nothing of the loss it tunes: it draws parameters from the resolved search space and hands
+them to the fold trainer. The Optuna study lives in the same database as mlrc's tables, under the
+study's name. Re-running resumes: finished trials are kept, a trial left RUNNING by a dead process
+is failed with the reason "interrupted" and re-enqueued with the same parameters, whose finished
+folds are reused (``fold_run`` is keyed by a hash of the parameters) and whose interrupted fold
+resumes from its ``last.pt``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+
+from mlrc import __version__, data, store
+from mlrc.config import LOSS_LR, ResolvedStudy
+from mlrc.data.base import ImageDataset
+from mlrc.data.transforms import eval_transform
+from mlrc.protocol import concatenate_embeddings, mlrc_split, retrieval_metrics
+from mlrc.protocol.splits import Split
+from mlrc.search.space import sampler as make_sampler
+from mlrc.search.space import suggest
+from mlrc.store import EpochMetric, FoldRun, TestResult, Trial, session, upsert
+from mlrc.train.fold import EpochRecord, FoldResult, FoldSpec, _View, embed, load_model, train_fold
+
+log = logging.getLogger("mlrc")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class StudyError(RuntimeError):
+    """The study cannot run as asked (locked, changed config, no complete trial, ...)."""
+
+
+@dataclass
+class Context:
+    """Everything a running study needs, built once."""
+
+    resolved: ResolvedStudy
+    url: str
+    engine: Engine
+    artifacts: Path
+    device: str
+    dataset: ImageDataset
+    split: Split
+    study_id: int
+    progress: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.resolved.study.name
+
+
+def params_hash(params: dict[str, Any]) -> str:
+    return hashlib.sha256(store.canonical_json(params).encode()).hexdigest()[:16]
+
+
+def derive_seed(*parts: object) -> int:
+    """A 31-bit seed from the study seed and the job's identity (stable across runs)."""
+    return int(hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+
+
+# --- opening a study ---------------------------------------------------------------------------
+
+
+@contextmanager
+def open_study(
+    resolved: ResolvedStudy,
+    url: str,
+    artifacts: str | Path,
+    device: str = "cpu",
+    progress: bool = True,
+) -> Iterator[Context]:
+    """Connect, register (or check) the study, load the dataset; hold a lock for SQLite."""
+    engine = store.connect(url)
+    with _sqlite_lock(engine, resolved.study.name):
+        study_id = _register(engine, resolved)
+        ds = data.build(
+            resolved.study.dataset.name,
+            root=resolved.study.dataset.root,
+            **resolved.study.dataset.params,
+        )
+        split = mlrc_split(
+            ds.labels, n_folds=resolved.preset.folds, scheme=resolved.preset.split_scheme
+        )
+        yield Context(
+            resolved,
+            url,
+            engine,
+            Path(artifacts) / resolved.study.name,
+            device,
+            ds,
+            split,
+            study_id,
+            progress,
+        )
+
+
+@contextmanager
+def _sqlite_lock(engine: Engine, name: str) -> Iterator[None]:
+    """One process per study on a SQLite file: a second one is refused, never interleaved."""
+    if engine.dialect.name != "sqlite" or not engine.url.database:
+        yield
+        return
+    path = Path(f"{engine.url.database}.{name}.lock")
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            pid = f.read().strip() or "?"
+            raise StudyError(
+                f"study {name!r} is already running on {engine.url.database} (pid {pid}); SQLite "
+                "allows one process per study — use a PostgreSQL URL for parallel workers"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _register(engine: Engine, resolved: ResolvedStudy) -> int:
+    config = resolved.fingerprint()
+    with session(engine) as s:
+        row = store.get_study(s, resolved.study.name)
+        if row is None:
+            row = store.Study(
+                name=resolved.study.name,
+                dataset=resolved.study.dataset.name,
+                loss=resolved.study.loss.name,
+                strategy=None,
+                preset=resolved.study.preset,
+                config=config,
+                code_version=__version__,
+            )
+            s.add(row)
+            s.flush()
+        elif store.canonical_json(row.config) != store.canonical_json(config):
+            changed = _first_difference(row.config, config)
+            raise StudyError(
+                f"study {resolved.study.name!r} already exists in the store with a different "
+                f"configuration ({changed}); give the study a new name"
+            )
+        return row.id
+
+
+def _first_difference(a: Any, b: Any, where: str = "") -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{where}.{k}" if where else k)
+    return f"{where}: {a!r} in the store, {b!r} now"
+
+
+def optuna_study(ctx: Context) -> optuna.Study:
+    r = ctx.resolved
+    return optuna.create_study(
+        study_name=ctx.name,
+        storage=ctx.url,
+        direction="maximize",
+        load_if_exists=True,
+        sampler=make_sampler(r.sampler, r.study.search.seed),
+    )
+
+
+# --- search ------------------------------------------------------------------------------------
+
+
+def finished(ostudy: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials that count towards the budget: complete, or failed for a reason of their own."""
+    return [
+        t
+        for t in ostudy.get_trials(deepcopy=False)
+        if t.state == TrialState.COMPLETE
+        or (t.state == TrialState.FAIL and t.user_attrs.get("reason") != "interrupted")
+    ]
+
+
+def run_search(ctx: Context) -> optuna.Study:
+    """Run trials until ``trials`` of them have finished (complete or failed with a reason)."""
+    ostudy = optuna_study(ctx)
+    _recover_interrupted(ctx, ostudy)
+    if not ostudy.user_attrs.get("enqueued"):
+        for params in ctx.resolved.study.search.enqueue:
+            ostudy.enqueue_trial(params)
+        ostudy.set_user_attr("enqueued", True)
+    while (done := len(finished(ostudy))) < ctx.resolved.trials:
+        # The k-th suggestion is drawn with a seed of its own, so an interrupted and resumed
+        # study proposes the same sequence as an uninterrupted one (a resumed process would
+        # otherwise restart the sampler's random stream and repeat earlier parameters).
+        ostudy.sampler = make_sampler(
+            ctx.resolved.sampler, derive_seed(ctx.resolved.study.search.seed, "sampler", done)
+        )
+        trial = ostudy.ask()
+        params = suggest(trial, ctx.resolved.space)
+        value, reason = _objective(ctx, trial.number, params)
+        if reason is None:
+            ostudy.tell(trial, value)
+        else:
+            trial.set_user_attr("reason", reason)
+            ostudy.tell(trial, state=TrialState.FAIL)
+            log.warning("trial %d failed: %s", trial.number, reason)
+    return ostudy
+
+
+def _recover_interrupted(ctx: Context, ostudy: optuna.Study) -> None:
+    """Trials left RUNNING by a dead process: fail them ("interrupted") and retry their params."""
+    for t in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        ostudy._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
+        ostudy._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        with session(ctx.engine) as s:
+            upsert(
+                s,
+                Trial,
+                {"study_id": ctx.study_id, "number": t.number},
+                params=t.params,
+                params_hash=params_hash({**ctx.resolved.fixed, **t.params}),
+                state="interrupted",
+                value=None,
+                sem=None,
+                reason="interrupted",
+            )
+        ostudy.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+        log.warning("trial %d was interrupted; retrying its parameters", t.number)
+
+
+def _objective(
+    ctx: Context, number: int, suggested: dict[str, Any]
+) -> tuple[float | None, str | None]:
+    """Train the folds of one trial; (mean val MAP@R, None) or (None, failure reason)."""
+    params = {**ctx.resolved.fixed, **suggested}
+    h = params_hash(params)
+    with session(ctx.engine) as s:
+        upsert(
+            s,
+            Trial,
+            {"study_id": ctx.study_id, "number": number},
+            params=params,
+            params_hash=h,
+            state="running",
+            value=None,
+            sem=None,
+            reason=None,
+        )
+    values = []
+    for fold in ctx.split.folds:
+        res = run_fold(ctx, "search", params, 0, fold.index, number)
+        if res.status != "complete":
+            reason = f"fold {fold.index}: {res.reason}"
+            _finish_trial(ctx, number, "failed", None, None, reason)
+            return None, reason
+        values.append(res.best["map_at_r"])
+    mean = float(np.mean(values))
+    sem = float(np.std(values, ddof=1) / math.sqrt(len(values)))
+    _finish_trial(ctx, number, "complete", mean, sem, None)
+    return mean, None
+
+
+def _finish_trial(
+    ctx: Context,
+    number: int,
+    state: str,
+    value: float | None,
+    sem: float | None,
+    reason: str | None,
+) -> None:
+    with session(ctx.engine) as s:
+        upsert(
+            s,
+            Trial,
+            {"study_id": ctx.study_id, "number": number},
+            state=state,
+            value=value,
+            sem=sem,
+            reason=reason,
+        )
+
+
+def run_fold(
+    ctx: Context,
+    kind: str,
+    params: dict[str, Any],
+    reproduction: int,
+    fold: int,
+    trial_number: int | None,
+) -> FoldResult:
+    """One fold of a trial (kind "search") or of a reproduction (kind "test"), idempotently."""
+    h = params_hash(params)
+    key = {
+        "study_id": ctx.study_id,
+        "kind": kind,
+        "params_hash": h,
+        "reproduction": reproduction,
+        "fold": fold,
+    }
+    with session(ctx.engine) as s:
+        row = s.execute(select(FoldRun).filter_by(**key)).scalar_one_or_none()
+        if (
+            row is not None
+            and row.status == "complete"
+            and row.checkpoint
+            and Path(row.checkpoint).is_file()
+        ):
+            return FoldResult(
+                "complete",
+                None,
+                row.best_epoch,
+                {k: getattr(row, k) for k in store.METRIC_COLUMNS},
+                checkpoint=row.checkpoint,
+                wall_time_s=row.wall_time_s or 0.0,
+            )
+    r = ctx.resolved
+    seed = derive_seed(r.study.search.seed, kind, h, reproduction, fold)
+    with session(ctx.engine) as s:
+        fold_run_id = upsert(
+            s,
+            FoldRun,
+            key,
+            trial_number=trial_number,
+            seed=seed,
+            status="running",
+            reason=None,
+            device=ctx.device,
+        ).id
+
+    def record(rec: EpochRecord) -> None:
+        with session(ctx.engine) as s:
+            upsert(
+                s,
+                EpochMetric,
+                {"fold_run_id": fold_run_id, "epoch": rec.epoch},
+                train_loss=rec.train_loss,
+                map_at_r=rec.map_at_r,
+                precision_at_1=rec.precision_at_1,
+                r_precision=rec.r_precision,
+            )
+
+    f = ctx.split.folds[fold]
+    label = f"trial {trial_number}" if kind == "search" else f"reproduction {reproduction}"
+    spec = FoldSpec(
+        dataset=ctx.dataset,
+        dataset_name=r.study.dataset.name,
+        train_classes=f.train_classes,
+        val_classes=f.val_classes,
+        loss=r.study.loss.name,
+        loss_params={k: v for k, v in params.items() if k != LOSS_LR},
+        loss_lr=params.get(LOSS_LR),
+        preset=r.preset,
+        seed=seed,
+        workdir=ctx.artifacts
+        / kind
+        / h
+        / (f"rep{reproduction}" if kind == "test" else "")
+        / f"fold{fold}",
+        device=ctx.device,
+        desc=f"{label} · fold {fold}",
+        progress=ctx.progress,
+    )
+    res = train_fold(spec, on_validation=record)
+    for rec in res.history:  # a resumed fold re-reports nothing: make sure every epoch is stored
+        record(rec)
+    with session(ctx.engine) as s:
+        best = res.best or {}
+        upsert(
+            s,
+            FoldRun,
+            key,
+            status=res.status,
+            reason=res.reason,
+            best_epoch=res.best_epoch,
+            checkpoint=res.checkpoint,
+            wall_time_s=res.wall_time_s,
+            **{k: best.get(k) for k in store.METRIC_COLUMNS},
+        )
+    return res
+
+
+# --- test stage --------------------------------------------------------------------------------
+
+
+def best_params(ctx: Context) -> dict[str, Any]:
+    try:
+        ostudy = optuna.load_study(study_name=ctx.name, storage=ctx.url)
+    except KeyError:  # Optuna: "Record does not exist."
+        ostudy = None
+    complete = ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if ostudy else []
+    if not complete:
+        raise StudyError(
+            f"study {ctx.name!r} has no complete trial yet: run `mlrc study run` first"
+        )
+    return {**ctx.resolved.fixed, **ostudy.best_trial.params}
+
+
+def run_test(ctx: Context) -> list[str]:
+    """Retrain the best parameters ``reproductions`` times × all folds; test each on the test
+    classes, separated (each 128-D fold model, then their mean) and concatenated (512-D).
+    Returns messages for reproductions that failed (their results are not stored)."""
+    params = best_params(ctx)
+    problems = []
+    for rep in range(1, ctx.resolved.reproductions + 1):
+        with session(ctx.engine) as s:
+            done = (
+                s.execute(select(TestResult).filter_by(study_id=ctx.study_id, reproduction=rep))
+                .scalars()
+                .all()
+            )
+        same = [r for r in done if store.canonical_json(r.params) == store.canonical_json(params)]
+        if len(same) == len(ctx.split.folds) + 2:
+            continue
+        problem = _test_reproduction(ctx, params, rep)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _test_view(ctx: Context, input_spec: dict) -> _View:
+    im = ctx.resolved.preset.image
+    return _View(
+        ctx.dataset, ctx.split.test_classes, eval_transform(im.resize, im.crop, input_spec)
+    )
+
+
+def _test_reproduction(ctx: Context, params: dict[str, Any], rep: int) -> str | None:
+    p = ctx.resolved.preset
+    embeddings, labels, rows = [], None, []
+    for fold in ctx.split.folds:
+        res = run_fold(ctx, "test", params, rep, fold.index, None)
+        if res.status != "complete":
+            return f"reproduction {rep}, fold {fold.index}: {res.reason}"
+        model = load_model(p, res.checkpoint, ctx.device)
+        emb, labels = embed(
+            model,
+            _test_view(ctx, model.trunk.input_spec),
+            p.eval_batch_size,
+            ctx.device,
+            p.num_workers,
+        )
+        embeddings.append(emb)
+        rows.append(("separated", fold.index, retrieval_metrics(emb, labels, device=ctx.device)))
+    mean = {k: float(np.mean([m[k] for _, _, m in rows])) for k in store.METRIC_COLUMNS}
+    rows.append(("separated", -1, mean))
+    rows.append(
+        (
+            "concatenated",
+            -1,
+            retrieval_metrics(concatenate_embeddings(embeddings), labels, device=ctx.device),
+        )
+    )
+    with session(ctx.engine) as s:  # all rows of a reproduction in one transaction
+        for mode, fold, m in rows:
+            upsert(
+                s,
+                TestResult,
+                {"study_id": ctx.study_id, "reproduction": rep, "mode": mode, "fold": fold},
+                params=params,
+                **{k: m[k] for k in store.METRIC_COLUMNS},
+            )
+    return None

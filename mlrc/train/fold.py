@@ -1,0 +1,311 @@
+"""Train one fold until validation MAP@R stops improving (MLRC §1.5–1.7).
+
+Knows nothing of Optuna or the store: it takes a ``FoldSpec``, reports each validation through
+a callback, and returns a ``FoldResult``. Checkpoints in ``spec.workdir``:
+
+- ``last.pt``: everything needed to resume (models, optimisers, sampler and torch RNG states,
+  epoch, best so far, history), written atomically after every epoch;
+- ``best.pt``: trunk + embedder weights at the best validation MAP@R.
+
+Re-running a fold whose ``last.pt`` exists resumes after the last finished epoch (a process killed
+with SIGKILL loses at most one epoch); a finished fold returns its result without training.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from mlrc.config import Preset
+from mlrc.data.base import ImageDataset
+from mlrc.data.sampling import ClassBalancedBatchSampler
+from mlrc.data.transforms import eval_transform, train_transform
+from mlrc.methods import losses
+from mlrc.models.trunks import TRUNKS, Embedder, freeze_batchnorm
+from mlrc.protocol import retrieval_metrics
+
+
+@dataclass
+class FoldSpec:
+    """One fold's training job. Classes are dataset label ids; metrics are fractions."""
+
+    dataset: ImageDataset
+    dataset_name: str
+    train_classes: Sequence[int]
+    val_classes: Sequence[int]
+    loss: str
+    loss_params: dict[str, Any]
+    loss_lr: float | None
+    preset: Preset
+    seed: int
+    workdir: Path
+    device: str = "cpu"
+    desc: str = "fold"
+    progress: bool = True
+
+
+@dataclass
+class EpochRecord:
+    epoch: int  # 0 = before training (not a candidate for best)
+    train_loss: float | None
+    map_at_r: float
+    precision_at_1: float
+    r_precision: float
+
+
+@dataclass
+class FoldResult:
+    status: str  # complete | failed
+    reason: str | None
+    best_epoch: int | None
+    best: dict[str, float] | None
+    history: list[EpochRecord] = field(default_factory=list)
+    checkpoint: str | None = None
+    wall_time_s: float = 0.0
+
+
+class _View(Dataset):
+    """Samples of some classes, with a transform and labels remapped to 0..n−1 (for the loss)."""
+
+    def __init__(self, ds: ImageDataset, classes: Sequence[int], transform: Callable) -> None:
+        classes = np.asarray(sorted(classes))
+        self.ds, self.transform = ds, transform
+        self.indices = np.flatnonzero(np.isin(ds.labels, classes))
+        self.labels = np.searchsorted(classes, ds.labels[self.indices])
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.transform(self.ds.load_image(int(self.indices[i]))), int(self.labels[i])
+
+
+class Model(torch.nn.Module):
+    """Trunk → Embedder (one Linear, no ReLU). Outputs are *not* normalised."""
+
+    def __init__(self, trunk: torch.nn.Module, embedder: torch.nn.Module) -> None:
+        super().__init__()
+        self.trunk, self.embedder = trunk, embedder
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embedder(self.trunk(x))
+
+
+def build_model(preset: Preset, *, pretrained: bool | str | None = None) -> Model:
+    trunk = TRUNKS.get(preset.trunk)(
+        pretrained=preset.pretrained if pretrained is None else pretrained
+    )
+    return Model(trunk, Embedder(trunk.output_size, preset.embedding_size))
+
+
+def load_model(preset: Preset, checkpoint: str | Path, device: str = "cpu") -> Model:
+    """A fold's best model from its ``best.pt`` (no pretrained download: weights come from it)."""
+    model = build_model(preset, pretrained=False)
+    model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True))
+    return model.to(device).eval()
+
+
+@torch.no_grad()
+def embed(
+    model: Model, dataset: Dataset, batch_size: int, device: str, num_workers: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Embeddings (n × d float32, not normalised) and labels of ``dataset``, in order."""
+    model.eval()
+    out, labels = [], []
+    for x, y in DataLoader(dataset, batch_size=batch_size, num_workers=num_workers):
+        out.append(model(x.to(device)).float().cpu())
+        labels.append(y)
+    return torch.cat(out).numpy(), torch.cat(labels).numpy()
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train_fold(
+    spec: FoldSpec, on_validation: Callable[[EpochRecord], None] | None = None
+) -> FoldResult:
+    """Train (or resume) one fold; see the module docstring."""
+    p, t0 = spec.preset, time.monotonic()
+    spec.workdir.mkdir(parents=True, exist_ok=True)
+    last, best_path = spec.workdir / "last.pt", spec.workdir / "best.pt"
+    state = torch.load(last, map_location="cpu", weights_only=False) if last.is_file() else None
+    if state is not None and state.get("result") is not None:
+        return FoldResult(
+            **{**state["result"], "history": [EpochRecord(**h) for h in state["history"]]}
+        )
+
+    torch.manual_seed(spec.seed)
+    model = build_model(p).to(spec.device)
+    info = losses.info(spec.loss)
+    loss_fn = losses.build(
+        spec.loss,
+        num_classes=len(spec.train_classes),
+        embedding_size=p.embedding_size,
+        **spec.loss_params,
+    ).to(spec.device)
+    opt = torch.optim.RMSprop(
+        model.parameters(),
+        lr=p.optimizer.lr,
+        weight_decay=p.optimizer.weight_decay,
+        momentum=p.optimizer.momentum,
+    )
+    loss_params = list(loss_fn.parameters())
+    loss_opt = None
+    if loss_params:
+        if spec.loss_lr is None:
+            raise ValueError(f"loss {spec.loss!r} has parameters but no loss_lr was given")
+        loss_opt = torch.optim.RMSprop(
+            loss_params,
+            lr=spec.loss_lr,
+            weight_decay=p.loss_optimizer.weight_decay,
+            momentum=p.loss_optimizer.momentum,
+        )
+    spec_in = model.trunk.input_spec
+    im = p.image
+    train_set = _View(
+        spec.dataset,
+        spec.train_classes,
+        train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, spec_in),
+    )
+    val_set = _View(spec.dataset, spec.val_classes, eval_transform(im.resize, im.crop, spec_in))
+    sampler = ClassBalancedBatchSampler(
+        train_set.labels,
+        p.batch.size,
+        p.batch.images_per_class[info.batch],
+        p.iterations_per_epoch,
+        seed=spec.seed,
+    )
+    validate_every = p.per_dataset("validate_every", spec.dataset_name)
+    patience = p.per_dataset("patience", spec.dataset_name)
+
+    history: list[EpochRecord] = []
+    best_epoch, best, start_epoch = None, None, 1
+    if state is not None:  # resume after the last finished epoch
+        model.load_state_dict(state["model"])
+        loss_fn.load_state_dict(state["loss"])
+        opt.load_state_dict(state["opt"])
+        if loss_opt is not None:
+            loss_opt.load_state_dict(state["loss_opt"])
+        sampler.set_state(state["sampler"])
+        torch.set_rng_state(state["torch_rng"])
+        history = [EpochRecord(**h) for h in state["history"]]
+        best_epoch, best, start_epoch = state["best_epoch"], state["best"], state["epoch"] + 1
+        t0 -= state["wall_time_s"]
+
+    def validate(epoch: int, train_loss: float | None) -> EpochRecord | str:
+        emb, lab = embed(model, val_set, p.eval_batch_size, spec.device, p.num_workers)
+        if not np.isfinite(emb).all():
+            return f"non-finite embeddings at validation, epoch {epoch}"
+        m = retrieval_metrics(emb, lab, device=spec.device)
+        rec = EpochRecord(epoch, train_loss, m["map_at_r"], m["precision_at_1"], m["r_precision"])
+        history.append(rec)
+        if on_validation is not None:
+            on_validation(rec)
+        return rec
+
+    def result(status: str, reason: str | None) -> FoldResult:
+        return FoldResult(
+            status,
+            reason,
+            best_epoch,
+            best,
+            history,
+            str(best_path) if best is not None else None,
+            time.monotonic() - t0,
+        )
+
+    def checkpoint(epoch: int, res: FoldResult | None = None) -> None:
+        _atomic_save(
+            {
+                "model": model.state_dict(),
+                "loss": loss_fn.state_dict(),
+                "opt": opt.state_dict(),
+                "loss_opt": loss_opt.state_dict() if loss_opt is not None else None,
+                "sampler": sampler.state(),
+                "torch_rng": torch.get_rng_state(),
+                "epoch": epoch,
+                "best_epoch": best_epoch,
+                "best": best,
+                "history": [asdict(h) for h in history],
+                "wall_time_s": time.monotonic() - t0,
+                "result": {k: v for k, v in asdict(res).items() if k != "history"} if res else None,
+            },
+            last,
+        )
+
+    def finish(status: str, reason: str | None, epoch: int) -> FoldResult:
+        res = result(status, reason)
+        checkpoint(epoch, res)
+        return res
+
+    if state is None:  # epoch 0: the untrained model, recorded but never "best" (as PML's hooks)
+        rec = validate(0, None)
+        if isinstance(rec, str):
+            return finish("failed", rec, 0)
+        checkpoint(0)
+
+    total = p.max_epochs * p.iterations_per_epoch
+    bar = tqdm(
+        total=total,
+        initial=(start_epoch - 1) * p.iterations_per_epoch,
+        desc=spec.desc,
+        unit="it",
+        disable=not spec.progress,
+        leave=False,
+        dynamic_ncols=True,
+    )
+    try:
+        for epoch in range(start_epoch, p.max_epochs + 1):
+            model.train()
+            if p.freeze_batchnorm:
+                freeze_batchnorm(model.trunk)
+            loss_sum, n = 0.0, 0
+            loader = DataLoader(train_set, batch_sampler=sampler, num_workers=p.num_workers)
+            for x, y in loader:
+                it = (epoch - 1) * p.iterations_per_epoch + n + 1
+                loss = loss_fn(model(x.to(spec.device)), y.to(spec.device))
+                if not torch.isfinite(loss):
+                    return finish("failed", f"non-finite loss at iteration {it}", epoch - 1)
+                opt.zero_grad(set_to_none=True)
+                if loss_opt is not None:
+                    loss_opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                if loss_opt is not None:
+                    loss_opt.step()
+                loss_sum, n = loss_sum + loss.item(), n + 1
+                bar.update(1)
+                bar.set_postfix(
+                    epoch=epoch,
+                    loss=f"{loss_sum / n:.4f}",
+                    best_map_r=f"{best['map_at_r']:.4f}" if best else "-",
+                )
+            train_loss = loss_sum / max(n, 1)
+            if epoch % validate_every == 0 or epoch == p.max_epochs:
+                rec = validate(epoch, train_loss)
+                if isinstance(rec, str):
+                    return finish("failed", rec, epoch)
+                if best is None or rec.map_at_r > best["map_at_r"]:
+                    best_epoch = epoch
+                    best = {
+                        k: getattr(rec, k) for k in ("map_at_r", "precision_at_1", "r_precision")
+                    }
+                    _atomic_save(model.state_dict(), best_path)
+                if epoch - best_epoch > patience:
+                    return finish("complete", None, epoch)
+            checkpoint(epoch)
+        return finish("complete", None, p.max_epochs)
+    finally:
+        bar.close()

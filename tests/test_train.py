@@ -1,0 +1,215 @@
+"""The fold trainer: determinism, batch composition, early stopping, failures, kill-and-resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mlrc import data
+from mlrc.config import load_preset
+from mlrc.data.sampling import ClassBalancedBatchSampler
+from mlrc.methods import losses
+from mlrc.protocol import mlrc_split
+from mlrc.train.fold import FoldSpec, train_fold
+
+FAST = {
+    "iterations_per_epoch": 4,
+    "max_epochs": 3,
+    "validate_every": {"default": 1},
+    "patience": {"default": 100},
+}
+
+
+@pytest.fixture(scope="module")
+def glyphs():
+    ds = data.build("glyphs")
+    return ds, mlrc_split(ds.labels, scheme="mlrc").folds[0]
+
+
+def spec(glyphs, workdir: Path, loss="contrastive", params=None, loss_lr=None, seed=0, **over):
+    ds, fold = glyphs
+    return FoldSpec(
+        ds,
+        "glyphs",
+        fold.train_classes,
+        fold.val_classes,
+        loss,
+        params or {},
+        loss_lr,
+        load_preset("cpu", {**FAST, **over}),
+        seed,
+        workdir,
+        progress=False,
+    )
+
+
+def history(res):
+    return [
+        (h.epoch, h.train_loss, h.map_at_r, h.precision_at_1, h.r_precision) for h in res.history
+    ]
+
+
+def test_same_seed_same_metrics_on_cpu(glyphs, tmp_path):
+    a = train_fold(spec(glyphs, tmp_path / "a"))
+    b = train_fold(spec(glyphs, tmp_path / "b"))
+    c = train_fold(spec(glyphs, tmp_path / "c", seed=1))
+    assert a.status == "complete" and len(a.history) == 4  # epochs 0..3
+    assert history(a) == history(b)
+    assert history(a) != history(c)
+    assert a.best_epoch >= 1 and Path(a.checkpoint).is_file()
+
+
+def test_finished_fold_is_not_trained_again(glyphs, tmp_path):
+    first = train_fold(spec(glyphs, tmp_path))
+    mtime = (tmp_path / "best.pt").stat().st_mtime_ns
+    again = train_fold(spec(glyphs, tmp_path))
+    assert history(again) == history(first) and again.best == first.best
+    assert (tmp_path / "best.pt").stat().st_mtime_ns == mtime
+
+
+def test_patience_in_epochs_and_epoch_zero_is_never_best(glyphs, tmp_path):
+    # lr 0 with frozen BatchNorm: the model never changes, every validation ties with epoch 1
+    res = train_fold(
+        spec(
+            glyphs,
+            tmp_path,
+            optimizer={"lr": 1e-30, "weight_decay": 0.0},
+            freeze_batchnorm=True,
+            max_epochs=50,
+            patience={"default": 2},
+        )
+    )
+    assert res.status == "complete" and res.best_epoch == 1
+    assert [h.epoch for h in res.history] == [0, 1, 2, 3, 4]  # stops when epoch − best > 2
+    assert len({h.map_at_r for h in res.history}) == 1
+
+
+def test_class_loss_uses_one_image_per_class_and_its_own_optimiser(glyphs, tmp_path):
+    res = train_fold(spec(glyphs, tmp_path, loss="normalized_softmax", loss_lr=1e-2))
+    assert res.status == "complete"
+    state = torch.load(tmp_path / "last.pt", weights_only=False)
+    assert state["loss_opt"]["param_groups"][0]["lr"] == 1e-2
+    assert state["loss"]["W"].shape == (128, len(glyphs[1].train_classes))
+
+
+class _NaNAfter(torch.nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.calls, self.n = 0, n
+
+    def forward(self, embeddings, labels):
+        self.calls += 1
+        return embeddings.pow(2).mean() * (float("nan") if self.calls >= self.n else 1.0)
+
+
+@losses.register("test_nan_at_3", batch="pair")
+def _nan_loss(*, num_classes: int, embedding_size: int):
+    """A loss that turns NaN at its third call (for tests)."""
+    return _NaNAfter(3)
+
+
+def test_non_finite_loss_fails_the_fold_with_the_iteration(glyphs, tmp_path):
+    res = train_fold(spec(glyphs, tmp_path, loss="test_nan_at_3"))
+    assert res.status == "failed" and res.reason == "non-finite loss at iteration 3"
+
+
+def test_frozen_batchnorm_keeps_running_statistics(glyphs, tmp_path):
+    res = train_fold(spec(glyphs, tmp_path, freeze_batchnorm=True))
+    weights = torch.load(res.checkpoint, weights_only=True)
+    bn_means = [v for k, v in weights.items() if k.endswith("running_mean")]
+    assert bn_means and all(torch.equal(m, torch.zeros_like(m)) for m in bn_means)
+    trained = train_fold(spec(glyphs, tmp_path / "unfrozen", freeze_batchnorm=False))
+    w2 = torch.load(trained.checkpoint, weights_only=True)
+    assert any(
+        not torch.equal(v, torch.zeros_like(v)) for k, v in w2.items() if k.endswith("running_mean")
+    )
+
+
+# --- batch sampler -----------------------------------------------------------------------------
+
+
+def test_pair_batches_are_8_classes_by_4_images():
+    labels = np.repeat(np.arange(20), 6)
+    s = ClassBalancedBatchSampler(labels, 32, 4, iterations=50, seed=0)
+    for batch in s:
+        classes, counts = np.unique(labels[batch], return_counts=True)
+        assert len(batch) == 32 and len(classes) == 8 and (counts == 4).all()
+
+
+def test_class_batches_are_32_distinct_classes():
+    labels = np.repeat(np.arange(40), 2)
+    for batch in ClassBalancedBatchSampler(labels, 32, 1, iterations=20, seed=0):
+        assert len(set(labels[batch].tolist())) == 32
+
+
+def test_too_few_classes_uses_all_with_a_warning_and_one_class_is_an_error():
+    labels = np.repeat(np.arange(5), 3)
+    with pytest.warns(UserWarning, match="only 5 training classes.*using all 5 classes"):
+        s = ClassBalancedBatchSampler(labels, 32, 4, iterations=3, seed=0)
+    assert all(len(set(labels[b].tolist())) == 5 and len(b) == 20 for b in s)
+    with pytest.raises(ValueError, match="at least 2 classes, got 1"):
+        ClassBalancedBatchSampler(np.zeros(10, dtype=int), 32, 4, iterations=1, seed=0)
+
+
+def test_sampler_state_round_trip():
+    labels = np.repeat(np.arange(20), 5)
+    a = ClassBalancedBatchSampler(labels, 32, 4, iterations=5, seed=3)
+    list(a)
+    state = a.state()
+    rest = list(a)
+    b = ClassBalancedBatchSampler(labels, 32, 4, iterations=5, seed=99)
+    b.set_state(state)
+    assert list(b) == rest
+
+
+# --- SIGKILL and resume ------------------------------------------------------------------------
+
+KILL_SCRIPT = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from mlrc import data
+    from mlrc.config import load_preset
+    from mlrc.protocol import mlrc_split
+    from mlrc.train.fold import FoldSpec, train_fold
+    ds = data.build("glyphs")
+    fold = mlrc_split(ds.labels, scheme="mlrc").folds[0]
+    over = {"iterations_per_epoch": 15, "max_epochs": 8, "validate_every": {"default": 1},
+            "patience": {"default": 100}}
+    train_fold(FoldSpec(ds, "glyphs", fold.train_classes, fold.val_classes, "contrastive", {},
+                        None, load_preset("cpu", over), 0, Path(sys.argv[1]), progress=False))
+""")
+
+
+def test_fold_killed_with_sigkill_resumes_to_the_same_result(glyphs, tmp_path):
+    over = {"iterations_per_epoch": 15, "max_epochs": 8}
+    reference = train_fold(spec(glyphs, tmp_path / "reference", **over))
+    workdir = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(workdir)])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        last = workdir / "last.pt"
+        if last.is_file():
+            try:
+                epoch = torch.load(last, weights_only=False)["epoch"]
+            except Exception:  # being replaced right now
+                epoch = 0
+            if epoch >= 3:
+                break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the fold finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = torch.load(workdir / "last.pt", weights_only=False)["epoch"]
+    assert 3 <= killed_at < 8
+    resumed = train_fold(spec(glyphs, workdir, **over))
+    assert history(resumed) == history(reference)
+    assert resumed.best_epoch == reference.best_epoch
