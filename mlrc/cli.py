@@ -325,7 +325,7 @@ def demo(
         int | None, typer.Option(help="search trials (default: cpu preset, 4)")
     ] = None,
     reproductions: Annotated[
-        int | None, typer.Option(help="test reproductions (default: cpu preset, 2)")
+        int | None, typer.Option(help="test reproductions (default: cpu preset, 3)")
     ] = None,
     max_epochs: Annotated[
         int | None, typer.Option(help="epoch cap per fold (default: cpu preset, 16)")

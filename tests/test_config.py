@@ -64,7 +64,7 @@ def test_repository_study_file_resolves():
 def test_defaults_come_from_preset_and_loss_space(tmp_path):
     doc = with_(loss__search=..., search=..., test=...)
     r = load_study(write(tmp_path, doc))
-    assert (r.trials, r.reproductions) == (4, 2)  # cpu preset
+    assert (r.trials, r.reproductions) == (4, 3)  # cpu preset
     assert set(r.space) == {"pos_margin", "neg_margin"}  # studies/spaces/contrastive.yaml
 
 

@@ -262,7 +262,7 @@ def train_fold(
         initial=(start_epoch - 1) * p.iterations_per_epoch,
         desc=spec.desc,
         unit="it",
-        disable=not spec.progress,
+        disable=None if spec.progress else True,  # None: off when stderr is not a terminal
         leave=False,
         dynamic_ncols=True,
     )
