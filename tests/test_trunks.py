@@ -10,12 +10,12 @@ hand-written counts in ``test_bninception_layout_by_hand`` still guard the layou
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import torchvision
+from conftest import require
 from torch import nn
 
 from mlrc.models.trunks import (
@@ -30,15 +30,6 @@ from mlrc.models.trunks import (
 from mlrc.registry import RegistryError
 
 HAVE_PRETRAINEDMODELS = importlib.util.find_spec("pretrainedmodels") is not None
-
-
-def require(part_available: bool, why: str) -> None:
-    """As in conftest: skip on a laptop, fail in CI (MLRC_REQUIRE_ALL=1) when a part is absent."""
-    if part_available:
-        return
-    if os.environ.get("MLRC_REQUIRE_ALL") == "1":
-        pytest.fail(f"required in CI but missing: {why}")
-    pytest.skip(why)
 
 
 def _randomise(model: nn.Module, seed: int = 0) -> None:
