@@ -160,7 +160,16 @@ def _user_errors():
     try:
         yield
     except (ConfigError, StudyError, StoreError, DatasetError, RegistryError, SplitError) as e:
-        _fail(str(e))
+        _fail(_one_line(str(e)))
+
+
+def _one_line(message: str) -> str:
+    """An error re-raised from a DataLoader worker carries the worker's traceback: keep its
+    last line, which is the original message (e.g. "DatasetError: /path: unreadable ...")."""
+    if "Original Traceback" in message:
+        last = [ln for ln in message.splitlines() if ln.strip()][-1]
+        return last.split(": ", 1)[1] if last.startswith(("DatasetError", "mlrc.")) else last
+    return message
 
 
 def _open(study_file: Path, storage: str, artifacts: Path, device: str, quiet: bool):

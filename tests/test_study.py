@@ -380,3 +380,58 @@ def _has_table(conn) -> bool:
         ).scalar()
         == 1
     )
+
+
+def _image_folder(root: Path, classes: int = 16, per_class: int = 4) -> Path:
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root / f"class_{c:02d}").mkdir(parents=True)
+        for i in range(per_class):
+            im = Image.new("RGB", (40, 40), tuple(int(v) for v in rng.integers(0, 255, 3)))
+            ImageDraw.Draw(im).ellipse((4 + c, 4 + i, 30, 30), outline=(0, 0, 0), width=2)
+            im.save(root / f"class_{c:02d}" / f"{i}.png")
+    return root
+
+
+def test_own_image_folder_with_three_commands(tmp_path):
+    root = _image_folder(tmp_path / "images")
+    path = study_file(
+        tmp_path, name="mine", dataset={"name": "image_folder", "root": str(root)}, trials=1
+    )
+    url, art = f"sqlite:///{tmp_path / 'db'}", str(tmp_path / "art")
+    cli("study", "run", str(path), "--storage", url, "--artifacts", art, "--quiet")
+    cli("study", "test", str(path), "--storage", url, "--artifacts", art, "--quiet")
+    out = cli("report", "--storage", url).output
+    assert "### image_folder" in out and "| contrastive | 2 |" in out
+
+
+def test_corrupt_image_read_in_a_dataloader_worker_is_one_line_naming_the_file(tmp_path):
+    root = _image_folder(tmp_path / "images")
+    (root / "class_03" / "2.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    path = study_file(
+        tmp_path,
+        name="bad",
+        dataset={"name": "image_folder", "root": str(root)},
+        trials=1,
+        over={"num_workers": 2},
+    )
+    r = cli(
+        "study",
+        "run",
+        str(path),
+        "--storage",
+        f"sqlite:///{tmp_path / 'db'}",
+        "--artifacts",
+        str(tmp_path / "art"),
+        "--quiet",
+        ok=False,
+    )
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert (
+        lines[-1].startswith("error: ")
+        and "class_03/2.png: unreadable or corrupt image" in lines[-1]
+    )
+    assert "Traceback" not in r.output
