@@ -77,4 +77,5 @@ def build(name: str, *, num_classes: int, embedding_size: int, **params: Any) ->
 
 
 # Register the built-in losses (import for side effects).
+from mlrc.methods.losses import mean_field as _mean_field  # noqa: E402,F401
 from mlrc.methods.losses import pml as _pml  # noqa: E402,F401
