@@ -190,3 +190,40 @@ def test_relative_root_is_found_next_to_the_study_file(tmp_path, monkeypatch):
     monkeypatch.chdir("/")
     r = load_study(write(tmp_path, with_(dataset={"name": "image_folder", "root": "data"})))
     assert r.study.dataset.root == str((tmp_path / "data").resolve())
+
+
+def test_miner_joins_the_search_space_with_a_prefix(tmp_path):
+    doc = with_(loss={"name": "multi_similarity"}, miner={"name": "multi_similarity"})
+    r = load_study(write(tmp_path, doc))
+    assert set(r.space) == {"alpha", "beta", "base", "miner.epsilon"}
+    doc = with_(
+        loss={"name": "triplet"},
+        miner={"name": "triplet_margin", "params": {"type_of_triplets": "hard"}},
+    )
+    r = load_study(write(tmp_path, doc))
+    assert r.fixed == {"miner.type_of_triplets": "hard"} and "miner.margin" in r.space
+
+
+@pytest.mark.parametrize(
+    ("miner", "loss", "message"),
+    [
+        (
+            {"name": "multi_similarty"},
+            "multi_similarity",
+            "miner.name: unknown miner 'multi_similarty'; did you mean 'multi_similarity'?",
+        ),
+        (
+            {"name": "multi_similarity", "params": {"margin": 1}},
+            "multi_similarity",
+            "miner.params.margin: miner 'multi_similarity' takes no parameter 'margin'",
+        ),
+        (
+            {"name": "multi_similarity"},
+            "mean_field_contrastive",
+            "miner: loss 'mean_field_contrastive' does not use a miner's pairs",
+        ),
+    ],
+)
+def test_miner_mistakes(tmp_path, miner, loss, message):
+    with pytest.raises(ConfigError, match=message):
+        load_study(write(tmp_path, with_(loss={"name": loss}, miner=miner)))

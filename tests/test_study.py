@@ -435,3 +435,14 @@ def test_corrupt_image_read_in_a_dataloader_worker_is_one_line_naming_the_file(t
         and "class_03/2.png: unreadable or corrupt image" in lines[-1]
     )
     assert "Traceback" not in r.output
+
+
+def test_multi_similarity_with_its_miner_runs(tmp_path):
+    path = study_file(tmp_path, name="msm", trials=1, loss={"name": "multi_similarity"})
+    doc = yaml.safe_load(path.read_text())
+    doc["miner"] = {"name": "multi_similarity"}
+    path.write_text(yaml.safe_dump(doc))
+    url = f"sqlite:///{tmp_path / 'db'}"
+    cli("study", "run", str(path), "--storage", url, "--artifacts", str(tmp_path / "a"), "--quiet")
+    [trial] = rows(url, Trial)
+    assert trial.state == "complete" and "miner.epsilon" in trial.params

@@ -213,3 +213,24 @@ def test_fold_killed_with_sigkill_resumes_to_the_same_result(glyphs, tmp_path):
     resumed = train_fold(spec(glyphs, workdir, **over))
     assert history(resumed) == history(reference)
     assert resumed.best_epoch == reference.best_epoch
+
+
+def test_the_miner_s_pairs_reach_the_loss(glyphs, tmp_path, monkeypatch):
+    from pytorch_metric_learning import losses as pml_losses
+
+    from mlrc.methods import miners
+
+    seen = []
+    original = pml_losses.MultiSimilarityLoss.forward
+
+    def spy(self, embeddings, labels, indices_tuple=None, *args, **kwargs):
+        seen.append(indices_tuple)
+        return original(self, embeddings, labels, indices_tuple, *args, **kwargs)
+
+    monkeypatch.setattr(pml_losses.MultiSimilarityLoss, "forward", spy)
+    ds, fold = glyphs
+    s = spec(glyphs, tmp_path, loss="multi_similarity", max_epochs=1)
+    s.miner, s.miner_params = "multi_similarity", {"epsilon": 0.3}
+    assert train_fold(s).status == "complete"
+    assert len(seen) == 4 and all(t is not None and len(t) == 4 for t in seen)  # (a1, p, a2, n)
+    assert miners.build("multi_similarity", epsilon=0.3).epsilon == 0.3

@@ -150,6 +150,12 @@ class LossRef(_Strict):
     search: dict[str, ParamSpace] | None = None  # None → studies/spaces/<name>.yaml
 
 
+class MinerRef(_Strict):
+    name: str
+    params: dict[str, Any] = {}
+    search: dict[str, ParamSpace] | None = None  # None → studies/spaces/miners/<name>.yaml
+
+
 class StudyConfig(_Strict):
     """A study file, validated. ``resolved()`` merges it with its preset."""
 
@@ -157,6 +163,7 @@ class StudyConfig(_Strict):
     dataset: DatasetRef
     preset: str = "cpu"
     loss: LossRef
+    miner: MinerRef | None = None
     strategy: None = None  # training strategies arrive with the methods issue
     search: SearchSpec = SearchSpec()
     test: TestSpec = TestSpec()
@@ -268,8 +275,8 @@ def _deep_merge(base: dict, over: dict, where: str) -> dict:
     return out
 
 
-def default_space(loss: str) -> dict[str, ParamSpace]:
-    path = SPACES_DIR / f"{loss}.yaml"
+def default_space(loss: str, folder: Path = SPACES_DIR) -> dict[str, ParamSpace]:
+    path = folder / f"{loss}.yaml"
     if not path.is_file():
         return {}
     data = load_yaml(path) or {}
@@ -311,6 +318,10 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
         raise ConfigError(f"{source}: loss.params and loss.search both set {sorted(both)}")
     if spec.has_parameters and LOSS_LR not in space and LOSS_LR not in study.loss.params:
         space = {**space, LOSS_LR: preset.loss_optimizer.lr}
+    fixed = dict(study.loss.params)
+    if study.miner is not None:
+        m_space, m_fixed = _resolve_miner(study, spec, source)
+        space, fixed = {**space, **m_space}, {**fixed, **m_fixed}
     trials = study.search.trials or preset.search.trials or 1
     if not space and trials > 1:
         raise ConfigError(
@@ -321,11 +332,48 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
         study=study,
         preset=preset,
         space=space,
-        fixed=dict(study.loss.params),
+        fixed=fixed,
         trials=trials,
         sampler=study.search.sampler or preset.search.sampler or "gp",
         reproductions=study.test.reproductions or preset.test.reproductions or 2,
         source=source,
+    )
+
+
+def _resolve_miner(study: StudyConfig, spec: Any, source: str) -> tuple[dict, dict]:
+    """The miner's space and fixed params, keys prefixed ``miner.``; checks loss compatibility."""
+    import inspect
+
+    from mlrc.methods import losses, miners
+    from mlrc.registry import RegistryError
+
+    ref = study.miner
+    try:
+        accepted = miners.params(ref.name)
+    except RegistryError as e:
+        raise ConfigError(f"{source}: miner.name: {e}") from None
+    probe = losses.build(spec.name, num_classes=2, embedding_size=2)
+    if "indices_tuple" not in inspect.signature(probe.forward).parameters:
+        raise ConfigError(f"{source}: miner: loss {spec.name!r} does not use a miner's pairs")
+    space = (
+        ref.search
+        if ref.search is not None
+        else {
+            k: v
+            for k, v in default_space(ref.name, SPACES_DIR / "miners").items()
+            if k not in ref.params
+        }
+    )
+    for where, names in (("miner.params", ref.params), ("miner.search", space)):
+        for k in names:
+            if k not in accepted:
+                raise ConfigError(
+                    f"{source}: {where}.{k}: miner {ref.name!r} takes no parameter "
+                    f"{k!r} (it takes: {', '.join(accepted) or 'none'})"
+                )
+    return (
+        {f"{miners.PREFIX}{k}": v for k, v in space.items()},
+        {f"{miners.PREFIX}{k}": v for k, v in ref.params.items()},
     )
 
 

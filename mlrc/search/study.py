@@ -31,6 +31,7 @@ from mlrc import __version__, data, store
 from mlrc.config import LOSS_LR, ResolvedStudy
 from mlrc.data.base import ImageDataset
 from mlrc.data.transforms import eval_transform
+from mlrc.methods import miners
 from mlrc.protocol import concatenate_embeddings, mlrc_split, retrieval_metrics
 from mlrc.protocol.splits import Split
 from mlrc.search.space import sampler as make_sampler
@@ -361,7 +362,15 @@ def run_fold(
         train_classes=f.train_classes,
         val_classes=f.val_classes,
         loss=r.study.loss.name,
-        loss_params={k: v for k, v in params.items() if k != LOSS_LR},
+        loss_params={
+            k: v for k, v in params.items() if k != LOSS_LR and not k.startswith(miners.PREFIX)
+        },
+        miner=r.study.miner.name if r.study.miner else None,
+        miner_params={
+            k.removeprefix(miners.PREFIX): v
+            for k, v in params.items()
+            if k.startswith(miners.PREFIX)
+        },
         loss_lr=params.get(LOSS_LR),
         preset=r.preset,
         seed=seed,
