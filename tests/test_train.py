@@ -234,3 +234,11 @@ def test_the_miner_s_pairs_reach_the_loss(glyphs, tmp_path, monkeypatch):
     assert train_fold(s).status == "complete"
     assert len(seen) == 4 and all(t is not None and len(t) == 4 for t in seen)  # (a1, p, a2, n)
     assert miners.build("multi_similarity", epsilon=0.3).epsilon == 0.3
+
+
+def test_margin_beta_gets_no_weight_decay_as_in_mlrc(glyphs, tmp_path):
+    res = train_fold(spec(glyphs, tmp_path, loss="margin", loss_lr=1e-3, max_epochs=1))
+    assert res.status == "complete"
+    state = torch.load(tmp_path / "last.pt", weights_only=False)
+    assert state["loss_opt"]["param_groups"][0]["weight_decay"] == 0.0
+    assert state["opt"]["param_groups"][0]["weight_decay"] == 1e-4  # the model's stays

@@ -172,7 +172,9 @@ def train_fold(
         loss_opt = torch.optim.RMSprop(
             loss_params,
             lr=spec.loss_lr,
-            weight_decay=p.loss_optimizer.weight_decay,
+            weight_decay=p.loss_optimizer.weight_decay
+            if info.loss_weight_decay is None
+            else info.loss_weight_decay,
             momentum=p.loss_optimizer.momentum,
         )
     spec_in = model.trunk.input_spec

@@ -25,6 +25,8 @@ class LossInfo:
     ``batch``: ``"pair"`` (m images per class, e.g. 8 × 4) or ``"class"`` (one image per class,
     32 × 1) — the protocol's batch composition. ``params``: accepted parameters and defaults.
     ``has_parameters``: the loss owns trainable parameters (then ``loss_lr`` is searched).
+    ``loss_weight_decay``: weight decay of the loss optimiser when the protocol fixes it for this
+    loss (MLRC trained the Margin losses' β without weight decay); None → the preset's.
     """
 
     name: str
@@ -33,12 +35,19 @@ class LossInfo:
     params: dict[str, Any] = field(default_factory=dict)
     has_parameters: bool = False
     doc: str = ""
+    loss_weight_decay: float | None = None  # overrides the preset's loss_optimizer.weight_decay
 
 
 LOSSES: Registry[LossInfo] = Registry("loss")
 
 
-def register(name: str, *, batch: Literal["pair", "class"], has_parameters: bool = False):
+def register(
+    name: str,
+    *,
+    batch: Literal["pair", "class"],
+    has_parameters: bool = False,
+    loss_weight_decay: float | None = None,
+):
     """Decorator for ``factory(num_classes, embedding_size, **params)``; defaults are read from it."""
 
     def decorate(factory: Callable[..., torch.nn.Module]) -> Callable[..., torch.nn.Module]:
@@ -49,7 +58,7 @@ def register(name: str, *, batch: Literal["pair", "class"], has_parameters: bool
             if k not in ("num_classes", "embedding_size") and p.kind == p.KEYWORD_ONLY
         }
         doc = (factory.__doc__ or "").strip().splitlines()[0] if factory.__doc__ else ""
-        info = LossInfo(name, factory, batch, params, has_parameters, doc)
+        info = LossInfo(name, factory, batch, params, has_parameters, doc, loss_weight_decay)
         LOSSES.register(name)(lambda info=info: info)
         return factory
 
