@@ -97,9 +97,14 @@ _PAD = 8  # extra float32 candidates per query before the float64 re-ranking
 
 
 def _score64(x64: torch.Tensor, q: torch.Tensor, r: torch.Tensor, normalize: bool) -> torch.Tensor:
-    """Float64 ranking score of references ``r`` (q × c indices) for queries ``q``."""
-    dot = torch.bmm(x64[r], x64[q].unsqueeze(2)).squeeze(2)
-    return dot if normalize else 2.0 * dot - (x64[r] ** 2).sum(-1)
+    """Float64 ranking score of references ``r`` (len(q) × c indices) for queries ``q``."""
+    if r.shape[1] == x64.shape[0]:  # every item: one matrix product, no gathered copy
+        dot = x64[q] @ x64.T
+        sq = (x64 * x64).sum(1)[None, :]
+    else:
+        dot = torch.bmm(x64[r], x64[q].unsqueeze(2)).squeeze(2)
+        sq = (x64[r] ** 2).sum(-1)
+    return dot if normalize else 2.0 * dot - sq
 
 
 def _exact_knn(
@@ -108,40 +113,43 @@ def _exact_knn(
     """Indices (len(q) × k) of each query's k nearest other items, exact in float64.
 
     Score s(q, r) = q·r on unit vectors (same order as −‖q − r‖²), else 2q·r − ‖r‖². A float32
-    pass keeps the top k + 8 candidates; they are re-scored in float64 and sorted (ties by
+    pass keeps the top c = k + 8 candidates; they are re-scored in float64 and sorted (ties by
     index). Why this is exact: with u = 2⁻²⁴ and γ_d = d·u/(1 − d·u), a float32 score of
     rounded inputs is within e = 2(γ_d + 3u)(2‖q‖·M + M²) of the float64 score, M = max ‖r‖
     (Higham, Accuracy and Stability, §3.1; the bound holds for any summation order). Every
-    non-candidate r has s32(r) ≤ c, the lowest candidate's float32 score, so its float64 score
-    is ≤ c + e. If the k-th best float64 candidate score exceeds c + e, no non-candidate can
-    enter the top k. Queries where this check fails are re-ranked over all items in float64.
+    non-candidate r has s32(r) ≤ s, the lowest candidate's float32 score, so its float64 score
+    is ≤ s + e. If the k-th best float64 candidate score exceeds s + e, no non-candidate can
+    enter the top k. Queries where this check fails retry once with 4× more candidates, then
+    are ranked over all items in float64 (one matrix product per block of such queries).
     """
     n, d = x32.shape
-    rows = torch.arange(len(q), device=x32.device)
+    dev = x32.device
     s32 = x32[q] @ x32.T
     if not normalize:
         s32 = 2.0 * s32 - (x32 * x32).sum(1)[None, :]
-    s32[rows, q] = -torch.inf  # exclude self
-    c = min(k + _PAD, n - 1)
-    cand_s32, cand = s32.topk(c, dim=1)
-    cand, order = cand.sort(
-        dim=1
-    )  # index order first, so the stable sort below breaks ties by index
-    s64 = _score64(x64, q, cand, normalize)
-    s64, order = s64.sort(dim=1, descending=True, stable=True)
-    best = cand.gather(1, order)[:, :k]
-    if c == n - 1:
-        return best  # every other item was a candidate
+    s32[torch.arange(len(q), device=dev), q] = -torch.inf  # exclude self
     gamma = d * _U32 / (1 - d * _U32)
     M = x64.norm(dim=1).max()
     e = 2 * (gamma + 3 * _U32) * (2 * x64[q].norm(dim=1) * M + M * M)
-    unsure = torch.nonzero(s64[:, k - 1] <= cand_s32[:, -1].double() + e).flatten()
-    for i in unsure.tolist():  # rare: near-ties at the candidate boundary
-        full = _score64(x64, q[i : i + 1], torch.arange(n, device=x32.device)[None, :], normalize)[
-            0
-        ]
-        full[q[i]] = -torch.inf
-        best[i] = torch.sort(-full, stable=True).indices[:k]
+    best = torch.empty(len(q), k, dtype=torch.long, device=dev)
+    todo = torch.arange(len(q), device=dev)
+    c = min(k + _PAD, n - 1)
+    while len(todo):
+        if 2 * c >= n or c > 4 * (k + _PAD):  # the rest: all items in float64 (one matmul)
+            full = _score64(
+                x64, q[todo], torch.arange(n, device=dev).expand(len(todo), n), normalize
+            )
+            full[torch.arange(len(todo), device=dev), q[todo]] = -torch.inf
+            best[todo] = torch.sort(-full, dim=1, stable=True).indices[:, :k]
+            break
+        cand_s32, cand = s32[todo].topk(c, dim=1)
+        cand = cand.sort(dim=1).values  # index order, so the stable sort breaks ties by index
+        s64, order = _score64(x64, q[todo], cand, normalize).sort(
+            dim=1, descending=True, stable=True
+        )
+        sure = s64[:, k - 1] > cand_s32[:, -1].double() + e[todo]
+        best[todo[sure]] = cand.gather(1, order)[sure, :k]
+        todo, c = todo[~sure], min(4 * c, n - 1)
     return best
 
 
