@@ -283,7 +283,7 @@ def test_newer_schema_version_is_refused(tmp_path):
     with store.session(engine) as s:
         s.get(store.Meta, "schema_version").value = "99"
     with pytest.raises(
-        store.StoreError, match="written by mlrc schema version 99, this mlrc reads version 1"
+        store.StoreError, match="written by mlrc schema version 99, this mlrc reads version 2"
     ):
         store.connect(url)
 
@@ -446,3 +446,27 @@ def test_multi_similarity_with_its_miner_runs(tmp_path):
     cli("study", "run", str(path), "--storage", url, "--artifacts", str(tmp_path / "a"), "--quiet")
     [trial] = rows(url, Trial)
     assert trial.state == "complete" and "miner.epsilon" in trial.params
+
+
+def test_analysis_metrics_are_stored_beside_map_at_r(finished_study):
+    _, url, _ = finished_study
+    results = rows(url, TestResult)
+    keys = {
+        "recall_at_1",
+        "recall_at_2",
+        "recall_at_4",
+        "recall_at_8",
+        "nmi",
+        "map_at_1000",
+        "spectral_decay",
+        "pi_ratio",
+    }
+    for r in results:
+        assert set(r.extra) == keys
+        # Recall@1 is P@1 when every class has more than one test image (glyphs: 16)
+        assert r.extra["recall_at_1"] == pytest.approx(r.precision_at_1, abs=1e-12)
+        assert r.extra["recall_at_1"] <= r.extra["recall_at_2"] <= r.extra["recall_at_8"] <= 1
+    for rep in (1, 2):
+        sep = {r.fold: r.extra for r in results if r.reproduction == rep and r.mode == "separated"}
+        for k in keys:
+            assert sep[-1][k] == pytest.approx(np.mean([sep[f][k] for f in range(4)]))

@@ -33,6 +33,7 @@ from mlrc.data.base import ImageDataset
 from mlrc.data.transforms import eval_transform
 from mlrc.methods import miners
 from mlrc.protocol import concatenate_embeddings, mlrc_split, retrieval_metrics
+from mlrc.protocol.analysis import analysis_metrics
 from mlrc.protocol.splits import Split
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
@@ -447,6 +448,13 @@ def _test_view(ctx: Context, input_spec: dict) -> _View:
     )
 
 
+def _test_metrics(ctx: Context, emb: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """MAP@R, P@1, R-Precision plus the analysis metrics (Recall@K, NMI, mAP@1000, ρ, π)."""
+    m = retrieval_metrics(emb, labels, device=ctx.device)
+    m.pop("num_queries")
+    return {**m, **analysis_metrics(emb, labels, seed=ctx.resolved.study.search.seed)}
+
+
 def _test_reproduction(ctx: Context, params: dict[str, Any], rep: int) -> str | None:
     p = ctx.resolved.preset
     embeddings, labels, rows = [], None, []
@@ -463,15 +471,12 @@ def _test_reproduction(ctx: Context, params: dict[str, Any], rep: int) -> str | 
             p.num_workers,
         )
         embeddings.append(emb)
-        rows.append(("separated", fold.index, retrieval_metrics(emb, labels, device=ctx.device)))
-    mean = {k: float(np.mean([m[k] for _, _, m in rows])) for k in store.METRIC_COLUMNS}
-    rows.append(("separated", -1, mean))
+        rows.append(("separated", fold.index, _test_metrics(ctx, emb, labels)))
+    # separated aggregate: the mean of the four 128-D models' metrics (MLRC's MeanAggregator)
+    keys = rows[0][2].keys()
+    rows.append(("separated", -1, {k: float(np.mean([m[k] for _, _, m in rows])) for k in keys}))
     rows.append(
-        (
-            "concatenated",
-            -1,
-            retrieval_metrics(concatenate_embeddings(embeddings), labels, device=ctx.device),
-        )
+        ("concatenated", -1, _test_metrics(ctx, concatenate_embeddings(embeddings), labels))
     )
     with session(ctx.engine) as s:  # all rows of a reproduction in one transaction
         for mode, fold, m in rows:
@@ -480,6 +485,7 @@ def _test_reproduction(ctx: Context, params: dict[str, Any], rep: int) -> str | 
                 TestResult,
                 {"study_id": ctx.study_id, "reproduction": rep, "mode": mode, "fold": fold},
                 params=params,
+                extra={k: v for k, v in m.items() if k not in store.METRIC_COLUMNS},
                 **{k: m[k] for k in store.METRIC_COLUMNS},
             )
     return None

@@ -33,7 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: test_result.extra (analysis metrics)
 
 
 class StoreError(RuntimeError):
@@ -130,6 +130,9 @@ class TestResult(Base):
     precision_at_1: Mapped[float] = mapped_column(Float)
     r_precision: Mapped[float] = mapped_column(Float)
     params: Mapped[dict] = mapped_column(JSON)
+    # analysis metrics beside MAP@R (fractions): recall_at_1/2/4/8, nmi, map_at_1000,
+    # spectral_decay, pi_ratio
+    extra: Mapped[dict | None] = mapped_column(JSON)
 
 
 METRIC_COLUMNS = ("map_at_r", "precision_at_1", "r_precision")
