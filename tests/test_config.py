@@ -227,3 +227,53 @@ def test_miner_joins_the_search_space_with_a_prefix(tmp_path):
 def test_miner_mistakes(tmp_path, miner, loss, message):
     with pytest.raises(ConfigError, match=message):
         load_study(write(tmp_path, with_(loss={"name": loss}, miner=miner)))
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "studies" / "omniglot").glob("*.yaml")), ids=lambda p: p.stem
+)
+def test_every_omniglot_study_file_resolves(path, monkeypatch, omniglot_zip):
+    monkeypatch.chdir(REPO)  # roots are relative to the repository root
+    r = load_study(path)
+    assert r.study.loss.name == path.stem and r.preset.trunk == "tiny_cnn"
+
+
+def test_one_omniglot_study_file_per_registered_loss():
+    from mlrc.methods import losses
+
+    names = {p.stem for p in (REPO / "studies" / "omniglot").glob("*.yaml")}
+    assert names == {n for n in losses.available() if not n.startswith("test_")}
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((REPO / "studies" / "reference").rglob("*.yaml")),
+    ids=lambda p: f"{p.parent.name}-{p.stem}",
+)
+def test_every_reference_study_file_resolves(path):
+    """The Table 7–9 grid (roots point at the user's data: checked when run, not here)."""
+    from mlrc.config import StudyConfig, resolve
+
+    r = resolve(StudyConfig.model_validate(yaml.safe_load(path.read_text())), str(path))
+    assert r.preset.trunk == "bninception" and r.trials == 50 and r.reproductions == 10
+    assert r.study.dataset.name == path.parent.name
+
+
+def test_reference_grid_is_the_ten_losses_of_table_7_on_three_datasets():
+    grid = {(p.parent.name, p.stem) for p in (REPO / "studies" / "reference").rglob("*.yaml")}
+    losses_ = {
+        "arcface",
+        "cosface",
+        "ms",
+        "ms-miner",
+        "proxy-nca",
+        "proxy-anchor",
+        "contrastive",
+        "mfcont",
+        "cwms",
+        "mfcwms",
+    }
+    assert grid == {(d, loss) for d in ("cub200", "cars196", "sop") for loss in losses_}
