@@ -470,3 +470,15 @@ def test_analysis_metrics_are_stored_beside_map_at_r(finished_study):
         sep = {r.fold: r.extra for r in results if r.reproduction == rep and r.mode == "separated"}
         for k in keys:
             assert sep[-1][k] == pytest.approx(np.mean([sep[f][k] for f in range(4)]))
+
+
+def test_study_with_a_training_strategy(tmp_path):
+    path = study_file(tmp_path, name="rho", trials=1)
+    doc = yaml.safe_load(path.read_text())
+    doc["strategy"] = {"name": "rho_distance"}
+    path.write_text(yaml.safe_dump(doc))
+    url = f"sqlite:///{tmp_path / 'db'}"
+    cli("study", "run", str(path), "--storage", url, "--artifacts", str(tmp_path / "a"), "--quiet")
+    [trial] = rows(url, Trial)
+    assert trial.state == "complete" and "strategy.p_switch" in trial.params
+    assert rows(url, store.Study)[0].strategy == "rho_distance"

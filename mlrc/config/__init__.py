@@ -156,6 +156,12 @@ class MinerRef(_Strict):
     search: dict[str, ParamSpace] | None = None  # None → studies/spaces/miners/<name>.yaml
 
 
+class StrategyRef(_Strict):
+    name: str
+    params: dict[str, Any] = {}
+    search: dict[str, ParamSpace] | None = None  # None → studies/spaces/strategies/<name>.yaml
+
+
 class StudyConfig(_Strict):
     """A study file, validated. ``resolved()`` merges it with its preset."""
 
@@ -164,7 +170,7 @@ class StudyConfig(_Strict):
     preset: str = "cpu"
     loss: LossRef
     miner: MinerRef | None = None
-    strategy: None = None  # training strategies arrive with the methods issue
+    strategy: StrategyRef | None = None
     search: SearchSpec = SearchSpec()
     test: TestSpec = TestSpec()
     overrides: dict[str, Any] = {}
@@ -322,6 +328,9 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
     if study.miner is not None:
         m_space, m_fixed = _resolve_miner(study, spec, source)
         space, fixed = {**space, **m_space}, {**fixed, **m_fixed}
+    if study.strategy is not None:
+        s_space, s_fixed = _resolve_strategy(study, spec, source)
+        space, fixed = {**space, **s_space}, {**fixed, **s_fixed}
     trials = study.search.trials or preset.search.trials or 1
     if not space and trials > 1:
         raise ConfigError(
@@ -340,11 +349,60 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
     )
 
 
-def _resolve_miner(study: StudyConfig, spec: Any, source: str) -> tuple[dict, dict]:
-    """The miner's space and fixed params, keys prefixed ``miner.``; checks loss compatibility."""
+def _takes_tuples(loss: str) -> bool:
+    """Whether the loss's forward accepts mined pairs/triplets (PML's ``indices_tuple``)."""
     import inspect
 
-    from mlrc.methods import losses, miners
+    from mlrc.methods import losses
+
+    probe = losses.build(loss, num_classes=2, embedding_size=2)
+    return "indices_tuple" in inspect.signature(probe.forward).parameters
+
+
+def _resolve_strategy(study: StudyConfig, spec: Any, source: str) -> tuple[dict, dict]:
+    """The strategy's space and fixed params, keys prefixed ``strategy.``; checks the loss."""
+    from mlrc.methods import strategies
+    from mlrc.registry import RegistryError
+
+    ref = study.strategy
+    try:
+        accepted = strategies.params(ref.name)
+    except RegistryError as e:
+        raise ConfigError(f"{source}: strategy.name: {e}") from None
+    kind = strategies.STRATEGIES.get(ref.name)()
+    if not kind.uses_miner:
+        if study.miner is not None:
+            raise ConfigError(f"{source}: strategy {ref.name!r} mines its own tuples: remove miner")
+        if not _takes_tuples(spec.name):
+            raise ConfigError(
+                f"{source}: strategy: {ref.name!r} needs a tuple loss; "
+                f"loss {spec.name!r} takes no tuples"
+            )
+    space = (
+        ref.search
+        if ref.search is not None
+        else {
+            k: v
+            for k, v in default_space(ref.name, SPACES_DIR / "strategies").items()
+            if k not in ref.params
+        }
+    )
+    for where, names in (("strategy.params", ref.params), ("strategy.search", space)):
+        for k in names:
+            if k not in accepted:
+                raise ConfigError(
+                    f"{source}: {where}.{k}: strategy {ref.name!r} takes no "
+                    f"parameter {k!r} (it takes: {', '.join(accepted) or 'none'})"
+                )
+    return (
+        {f"{strategies.PREFIX}{k}": v for k, v in space.items()},
+        {f"{strategies.PREFIX}{k}": v for k, v in ref.params.items()},
+    )
+
+
+def _resolve_miner(study: StudyConfig, spec: Any, source: str) -> tuple[dict, dict]:
+    """The miner's space and fixed params, keys prefixed ``miner.``; checks loss compatibility."""
+    from mlrc.methods import miners
     from mlrc.registry import RegistryError
 
     ref = study.miner
@@ -352,8 +410,7 @@ def _resolve_miner(study: StudyConfig, spec: Any, source: str) -> tuple[dict, di
         accepted = miners.params(ref.name)
     except RegistryError as e:
         raise ConfigError(f"{source}: miner.name: {e}") from None
-    probe = losses.build(spec.name, num_classes=2, embedding_size=2)
-    if "indices_tuple" not in inspect.signature(probe.forward).parameters:
+    if not _takes_tuples(spec.name):
         raise ConfigError(f"{source}: miner: loss {spec.name!r} does not use a miner's pairs")
     space = (
         ref.search

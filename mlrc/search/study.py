@@ -31,7 +31,7 @@ from mlrc import __version__, data, store
 from mlrc.config import LOSS_LR, ResolvedStudy
 from mlrc.data.base import ImageDataset
 from mlrc.data.transforms import eval_transform
-from mlrc.methods import miners
+from mlrc.methods import miners, strategies
 from mlrc.protocol import concatenate_embeddings, mlrc_split, retrieval_metrics
 from mlrc.protocol.analysis import analysis_metrics
 from mlrc.protocol.splits import Split
@@ -148,7 +148,7 @@ def _register(engine: Engine, resolved: ResolvedStudy) -> int:
                 name=resolved.study.name,
                 dataset=resolved.study.dataset.name,
                 loss=resolved.study.loss.name,
-                strategy=None,
+                strategy=resolved.study.strategy.name if resolved.study.strategy else None,
                 preset=resolved.study.preset,
                 config=config,
                 code_version=__version__,
@@ -296,6 +296,11 @@ def _finish_trial(
         )
 
 
+def _prefixed(params: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """``{"miner.epsilon": 0.1, ...}`` → ``{"epsilon": 0.1}`` for one prefix."""
+    return {k.removeprefix(prefix): v for k, v in params.items() if k.startswith(prefix)}
+
+
 def run_fold(
     ctx: Context,
     kind: str,
@@ -364,14 +369,14 @@ def run_fold(
         val_classes=f.val_classes,
         loss=r.study.loss.name,
         loss_params={
-            k: v for k, v in params.items() if k != LOSS_LR and not k.startswith(miners.PREFIX)
+            k: v
+            for k, v in params.items()
+            if k != LOSS_LR and not k.startswith((miners.PREFIX, strategies.PREFIX))
         },
         miner=r.study.miner.name if r.study.miner else None,
-        miner_params={
-            k.removeprefix(miners.PREFIX): v
-            for k, v in params.items()
-            if k.startswith(miners.PREFIX)
-        },
+        miner_params=_prefixed(params, miners.PREFIX),
+        strategy=r.study.strategy.name if r.study.strategy else None,
+        strategy_params=_prefixed(params, strategies.PREFIX),
         loss_lr=params.get(LOSS_LR),
         preset=r.preset,
         seed=seed,

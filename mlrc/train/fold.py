@@ -29,7 +29,7 @@ from mlrc.config import Preset
 from mlrc.data.base import ImageDataset
 from mlrc.data.sampling import ClassBalancedBatchSampler
 from mlrc.data.transforms import eval_transform, train_transform
-from mlrc.methods import losses, miners
+from mlrc.methods import losses, miners, strategies
 from mlrc.models.trunks import TRUNKS, Embedder, freeze_batchnorm
 from mlrc.protocol import retrieval_metrics
 
@@ -51,6 +51,8 @@ class FoldSpec:
     device: str = "cpu"
     miner: str | None = None
     miner_params: dict[str, Any] = field(default_factory=dict)
+    strategy: str | None = None
+    strategy_params: dict[str, Any] = field(default_factory=dict)
     desc: str = "fold"
     progress: bool = True
 
@@ -164,6 +166,7 @@ def train_fold(
         momentum=p.optimizer.momentum,
     )
     miner = miners.build(spec.miner, **spec.miner_params) if spec.miner else None
+    strategy = strategies.build(spec.strategy, **spec.strategy_params).to(spec.device)
     loss_params = list(loss_fn.parameters())
     loss_opt = None
     if loss_params:
@@ -280,8 +283,9 @@ def train_fold(
             loader = DataLoader(train_set, batch_sampler=sampler, num_workers=p.num_workers)
             for x, y in loader:
                 it = (epoch - 1) * p.iterations_per_epoch + n + 1
-                emb, y = model(x.to(spec.device)), y.to(spec.device)
-                loss = loss_fn(emb, y, miner(emb, y)) if miner is not None else loss_fn(emb, y)
+                loss = strategy.batch_loss(
+                    model, loss_fn, miner, x.to(spec.device), y.to(spec.device)
+                )
                 if not torch.isfinite(loss):
                     return finish("failed", f"non-finite loss at iteration {it}", epoch - 1)
                 opt.zero_grad(set_to_none=True)
