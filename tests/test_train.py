@@ -16,8 +16,8 @@ import torch
 
 from mlrc import data
 from mlrc.config import load_preset
-from mlrc.data.sampling import ClassBalancedBatchSampler
 from mlrc.methods import losses
+from mlrc.methods.samplers import ClassBalancedBatchSampler
 from mlrc.protocol import mlrc_split
 from mlrc.train.fold import FoldSpec, train_fold
 

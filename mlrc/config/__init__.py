@@ -162,6 +162,11 @@ class StrategyRef(_Strict):
     search: dict[str, ParamSpace] | None = None  # None → studies/spaces/strategies/<name>.yaml
 
 
+class SamplerRef(_Strict):
+    name: str = "m_per_class"
+    params: dict[str, Any] = {}
+
+
 class StudyConfig(_Strict):
     """A study file, validated. ``resolved()`` merges it with its preset."""
 
@@ -171,6 +176,7 @@ class StudyConfig(_Strict):
     loss: LossRef
     miner: MinerRef | None = None
     strategy: StrategyRef | None = None
+    sampler: SamplerRef = SamplerRef()
     search: SearchSpec = SearchSpec()
     test: TestSpec = TestSpec()
     overrides: dict[str, Any] = {}
@@ -331,6 +337,7 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
     if study.strategy is not None:
         s_space, s_fixed = _resolve_strategy(study, spec, source)
         space, fixed = {**space, **s_space}, {**fixed, **s_fixed}
+    _check_sampler(study.sampler, source)
     trials = study.search.trials or preset.search.trials or 1
     if not space and trials > 1:
         raise ConfigError(
@@ -347,6 +354,22 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
         reproductions=study.test.reproductions or preset.test.reproductions or 2,
         source=source,
     )
+
+
+def _check_sampler(ref: SamplerRef, source: str) -> None:
+    from mlrc.methods import samplers
+    from mlrc.registry import RegistryError
+
+    try:
+        accepted = samplers.params(ref.name)
+    except RegistryError as e:
+        raise ConfigError(f"{source}: sampler.name: {e}") from None
+    for k in ref.params:
+        if k not in accepted:
+            raise ConfigError(
+                f"{source}: sampler.params.{k}: sampler {ref.name!r} takes no "
+                f"parameter {k!r} (it takes: {', '.join(accepted) or 'none'})"
+            )
 
 
 def _takes_tuples(loss: str) -> bool:

@@ -377,6 +377,8 @@ def run_fold(
         miner_params=_prefixed(params, miners.PREFIX),
         strategy=r.study.strategy.name if r.study.strategy else None,
         strategy_params=_prefixed(params, strategies.PREFIX),
+        sampler=r.study.sampler.name,
+        sampler_params=dict(r.study.sampler.params),
         loss_lr=params.get(LOSS_LR),
         preset=r.preset,
         seed=seed,

@@ -27,9 +27,8 @@ from tqdm.auto import tqdm
 
 from mlrc.config import Preset
 from mlrc.data.base import ImageDataset
-from mlrc.data.sampling import ClassBalancedBatchSampler
 from mlrc.data.transforms import eval_transform, train_transform
-from mlrc.methods import losses, miners, strategies
+from mlrc.methods import losses, miners, samplers, strategies
 from mlrc.models.trunks import TRUNKS, Embedder, freeze_batchnorm
 from mlrc.protocol import retrieval_metrics
 
@@ -53,6 +52,8 @@ class FoldSpec:
     miner_params: dict[str, Any] = field(default_factory=dict)
     strategy: str | None = None
     strategy_params: dict[str, Any] = field(default_factory=dict)
+    sampler: str = "m_per_class"
+    sampler_params: dict[str, Any] = field(default_factory=dict)
     desc: str = "fold"
     progress: bool = True
 
@@ -91,6 +92,19 @@ class _View(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         return self.transform(self.ds.load_image(int(self.indices[i]))), int(self.labels[i])
+
+
+class _Indexed(Dataset):
+    """(image, label, position in the view): lets memory-bank samplers update their rows."""
+
+    def __init__(self, view: _View) -> None:
+        self.view = view
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
+        return (*self.view[i], i)
 
 
 class Model(torch.nn.Module):
@@ -188,13 +202,16 @@ def train_fold(
         train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, spec_in),
     )
     val_set = _View(spec.dataset, spec.val_classes, eval_transform(im.resize, im.crop, spec_in))
-    sampler = ClassBalancedBatchSampler(
-        train_set.labels,
-        p.batch.size,
-        p.batch.images_per_class[info.batch],
-        p.iterations_per_epoch,
+    sampler = samplers.build(
+        spec.sampler,
+        labels=train_set.labels,
+        batch_size=p.batch.size,
+        m=p.batch.images_per_class[info.batch],
+        iterations=p.iterations_per_epoch,
         seed=spec.seed,
+        **spec.sampler_params,
     )
+    indexed_train_set = _Indexed(train_set)
     validate_every = p.per_dataset("validate_every", spec.dataset_name)
     patience = p.per_dataset("patience", spec.dataset_name)
 
@@ -207,6 +224,8 @@ def train_fold(
         if loss_opt is not None:
             loss_opt.load_state_dict(state["loss_opt"])
         sampler.set_state(state["sampler"])
+        if state.get("strategy") is not None:
+            strategy.load_state_dict(state["strategy"])
         torch.set_rng_state(state["torch_rng"])
         history = [EpochRecord(**h) for h in state["history"]]
         best_epoch, best, start_epoch = state["best_epoch"], state["best"], state["epoch"] + 1
@@ -242,6 +261,7 @@ def train_fold(
                 "opt": opt.state_dict(),
                 "loss_opt": loss_opt.state_dict() if loss_opt is not None else None,
                 "sampler": sampler.state(),
+                "strategy": strategy.state_dict(),
                 "torch_rng": torch.get_rng_state(),
                 "epoch": epoch,
                 "best_epoch": best_epoch,
@@ -280,12 +300,33 @@ def train_fold(
             if p.freeze_batchnorm:
                 freeze_batchnorm(model.trunk)
             loss_sum, n = 0.0, 0
-            loader = DataLoader(train_set, batch_sampler=sampler, num_workers=p.num_workers)
-            for x, y in loader:
+            if sampler.needs_bank and epoch == start_epoch:  # bank from the current model
+                bank_view = _View(spec.dataset, spec.train_classes, val_set.transform)
+                bank, _ = embed(model, bank_view, p.eval_batch_size, spec.device, p.num_workers)
+                sampler.set_bank(torch.from_numpy(bank))
+                model.train()
+                if p.freeze_batchnorm:
+                    freeze_batchnorm(model.trunk)
+            loader = DataLoader(indexed_train_set, batch_sampler=sampler, num_workers=p.num_workers)
+            for x, y, idx in loader:
                 it = (epoch - 1) * p.iterations_per_epoch + n + 1
-                loss = strategy.batch_loss(
-                    model, loss_fn, miner, x.to(spec.device), y.to(spec.device)
+                captured: list[torch.Tensor] = []  # the batch's clean embeddings, for the bank
+                hook = (
+                    model.register_forward_hook(
+                        lambda _m, _i, out, c=captured: None if c else c.append(out.detach())
+                    )
+                    if sampler.needs_bank
+                    else None
                 )
+                try:
+                    loss = strategy.batch_loss(
+                        model, loss_fn, miner, x.to(spec.device), y.to(spec.device)
+                    )
+                finally:
+                    if hook is not None:
+                        hook.remove()
+                if captured:
+                    sampler.update(idx, captured[0].float().cpu())
                 if not torch.isfinite(loss):
                     return finish("failed", f"non-finite loss at iteration {it}", epoch - 1)
                 opt.zero_grad(set_to_none=True)
