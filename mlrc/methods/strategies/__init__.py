@@ -54,4 +54,5 @@ def build(name: str | None, **kwargs: Any) -> Strategy:
     return STRATEGIES.get(name)(**kwargs)
 
 
+from mlrc.methods.strategies import das as _das  # noqa: E402,F401
 from mlrc.methods.strategies import rho_distance as _rho_distance  # noqa: E402,F401
