@@ -55,4 +55,5 @@ def build(name: str | None, **kwargs: Any) -> Strategy:
 
 
 from mlrc.methods.strategies import das as _das  # noqa: E402,F401
+from mlrc.methods.strategies import metrix as _metrix  # noqa: E402,F401
 from mlrc.methods.strategies import rho_distance as _rho_distance  # noqa: E402,F401
