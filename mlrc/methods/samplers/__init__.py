@@ -53,6 +53,7 @@ def m_per_class(labels, batch_size, m, iterations, seed) -> BatchSampler:
     return ClassBalancedBatchSampler(labels, batch_size, m, iterations, seed)
 
 
+from mlrc.methods.samplers import memory_bank as _memory_bank  # noqa: E402,F401
 from mlrc.methods.samplers import spc_random as _spc_random  # noqa: E402,F401
 
 __all__ = ["SAMPLERS", "BatchSampler", "ClassBalancedBatchSampler", "available", "build", "params"]
