@@ -460,12 +460,14 @@ def test_analysis_metrics_are_stored_beside_map_at_r(finished_study):
         "map_at_1000",
         "spectral_decay",
         "pi_ratio",
+        "metrix_utilization",
     }
     for r in results:
         assert set(r.extra) == keys
         # Recall@1 is P@1 when every class has more than one test image (glyphs: 16)
         assert r.extra["recall_at_1"] == pytest.approx(r.precision_at_1, abs=1e-12)
         assert r.extra["recall_at_1"] <= r.extra["recall_at_2"] <= r.extra["recall_at_8"] <= 1
+        assert 0 < r.extra["metrix_utilization"] < 4  # squared distance between unit vectors
     for rep in (1, 2):
         sep = {r.fold: r.extra for r in results if r.reproduction == rep and r.mode == "separated"}
         for k in keys:

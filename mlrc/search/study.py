@@ -33,7 +33,7 @@ from mlrc.data.base import ImageDataset
 from mlrc.data.transforms import eval_transform
 from mlrc.methods import miners, strategies
 from mlrc.protocol import concatenate_embeddings, mlrc_split, retrieval_metrics
-from mlrc.protocol.analysis import analysis_metrics
+from mlrc.protocol.analysis import analysis_metrics, metrix_utilization
 from mlrc.protocol.splits import Split
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
@@ -455,35 +455,45 @@ def _test_view(ctx: Context, input_spec: dict) -> _View:
     )
 
 
-def _test_metrics(ctx: Context, emb: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """MAP@R, P@1, R-Precision plus the analysis metrics (Recall@K, NMI, mAP@1000, ρ, π)."""
+def _test_metrics(
+    ctx: Context, emb: np.ndarray, labels: np.ndarray, train_emb: np.ndarray
+) -> dict[str, float]:
+    """MAP@R, P@1, R-Precision, the analysis metrics (Recall@K, NMI, mAP@1000, ρ, π) and the
+    Metrix utilization of the test embeddings against the training embeddings ``train_emb``
+    (the fold's training classes; for the 512-D row, all train+val classes), both L2-normalised.
+    """
     m = retrieval_metrics(emb, labels, device=ctx.device)
     m.pop("num_queries")
-    return {**m, **analysis_metrics(emb, labels, seed=ctx.resolved.study.search.seed)}
+    seed = ctx.resolved.study.search.seed
+    util = metrix_utilization(emb, train_emb, normalize=True, device=ctx.device)
+    return {**m, **analysis_metrics(emb, labels, seed=seed), "metrix_utilization": util}
 
 
 def _test_reproduction(ctx: Context, params: dict[str, Any], rep: int) -> str | None:
     p = ctx.resolved.preset
-    embeddings, labels, rows = [], None, []
+    embeddings, seen, labels, rows = [], [], None, []
+    trainval = _View(ctx.dataset, ctx.split.trainval_classes, None)
     for fold in ctx.split.folds:
         res = run_fold(ctx, "test", params, rep, fold.index, None)
         if res.status != "complete":
             return f"reproduction {rep}, fold {fold.index}: {res.reason}"
         model = load_model(p, res.checkpoint, ctx.device)
+        spec_in = model.trunk.input_spec
         emb, labels = embed(
-            model,
-            _test_view(ctx, model.trunk.input_spec),
-            p.eval_batch_size,
-            ctx.device,
-            p.num_workers,
+            model, _test_view(ctx, spec_in), p.eval_batch_size, ctx.device, p.num_workers
         )
+        trainval.transform = _test_view(ctx, spec_in).transform
+        tv_emb, tv_lab = embed(model, trainval, p.eval_batch_size, ctx.device, p.num_workers)
         embeddings.append(emb)
-        rows.append(("separated", fold.index, _test_metrics(ctx, emb, labels)))
+        seen.append(tv_emb)
+        own = np.isin(np.asarray(ctx.split.trainval_classes)[tv_lab], fold.train_classes)
+        rows.append(("separated", fold.index, _test_metrics(ctx, emb, labels, tv_emb[own])))
     # separated aggregate: the mean of the four 128-D models' metrics (MLRC's MeanAggregator)
     keys = rows[0][2].keys()
     rows.append(("separated", -1, {k: float(np.mean([m[k] for _, _, m in rows])) for k in keys}))
+    joined = concatenate_embeddings(embeddings)
     rows.append(
-        ("concatenated", -1, _test_metrics(ctx, concatenate_embeddings(embeddings), labels))
+        ("concatenated", -1, _test_metrics(ctx, joined, labels, concatenate_embeddings(seen)))
     )
     with session(ctx.engine) as s:  # all rows of a reproduction in one transaction
         for mode, fold, m in rows:

@@ -130,8 +130,8 @@ class TestResult(Base):
     precision_at_1: Mapped[float] = mapped_column(Float)
     r_precision: Mapped[float] = mapped_column(Float)
     params: Mapped[dict] = mapped_column(JSON)
-    # analysis metrics beside MAP@R (fractions): recall_at_1/2/4/8, nmi, map_at_1000,
-    # spectral_decay, pi_ratio
+    # analysis metrics beside MAP@R: recall_at_1/2/4/8, nmi, map_at_1000 (fractions),
+    # spectral_decay, pi_ratio, metrix_utilization (squared distance on unit vectors)
     extra: Mapped[dict | None] = mapped_column(JSON)
 
 
