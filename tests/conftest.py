@@ -82,3 +82,57 @@ def postgres_url() -> str:
         capture_output=True,
     )
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def omniglot_ds(omniglot_zip):
+    """The real Omniglot subset, loaded once per test session."""
+    from mlrc import data
+
+    return data.build("omniglot", root=omniglot_zip)
+
+
+@pytest.fixture(scope="session")
+def glyphs_ds():
+    from mlrc import data
+
+    return data.build("glyphs")
+
+
+def train_tiny_fold(
+    ds,
+    workdir,
+    loss: str = "contrastive",
+    *,
+    iterations: int = 3,
+    val_classes=None,
+    loss_lr: float | None = None,
+    **spec,
+):
+    """Fold 0 of the mlrc split, one epoch of ``iterations`` with the cpu preset; extra FoldSpec
+    fields (miner, strategy, sampler, ...) pass through. Losses with parameters get lr 1e-3."""
+    from mlrc.config import load_preset
+    from mlrc.methods import losses
+    from mlrc.protocol import mlrc_split
+    from mlrc.train.fold import FoldSpec, train_fold
+
+    fold = mlrc_split(ds.labels, scheme="mlrc").folds[0]
+    preset = load_preset("cpu", {"iterations_per_epoch": iterations, "max_epochs": 1})
+    if loss_lr is None and losses.info(loss).has_parameters:
+        loss_lr = 1e-3
+    return train_fold(
+        FoldSpec(
+            ds,
+            ds.name,
+            fold.train_classes,
+            val_classes or fold.val_classes,
+            loss,
+            {},
+            loss_lr,
+            preset,
+            0,
+            workdir,
+            progress=False,
+            **spec,
+        )
+    )

@@ -11,14 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from conftest import train_tiny_fold
 
 import mlrc.methods.strategies.das  # noqa: F401  (registers "das")
-from mlrc import data
-from mlrc.config import load_preset, load_study
+from mlrc.config import load_study
 from mlrc.methods import losses, miners, strategies
 from mlrc.methods.strategies import Strategy
-from mlrc.protocol import mlrc_split
-from mlrc.train.fold import FoldSpec, train_fold
 
 D = 16
 
@@ -241,58 +239,18 @@ def test_config_adds_the_das_space(tmp_path: Path):
     "loss,miner",
     [("contrastive", None), ("multi_similarity", None), ("multi_similarity", "multi_similarity")],
 )
-def test_das_trains_on_omniglot(loss, miner, tmp_path, omniglot_zip):
-    ds = data.build("omniglot", root=omniglot_zip)
-    fold = mlrc_split(ds.labels, scheme="mlrc").folds[0]
-    preset = load_preset("cpu", {"iterations_per_epoch": 3, "max_epochs": 1})
-    res = train_fold(
-        FoldSpec(
-            ds,
-            "omniglot",
-            fold.train_classes,
-            fold.val_classes,
-            loss,
-            {},
-            None,
-            preset,
-            0,
-            tmp_path,
-            miner=miner,
-            strategy="das",
-            strategy_params={"T": 3, "K": 4, "Z": 10, "r_s": 0.1, "r_b": 0.1},
-            progress=False,
-        )
+def test_das_trains_on_omniglot(loss, miner, tmp_path, omniglot_ds):
+    params = {"T": 3, "K": 4, "Z": 10, "r_s": 0.1, "r_b": 0.1}
+    res = train_tiny_fold(
+        omniglot_ds, tmp_path, loss, miner=miner, strategy="das", strategy_params=params
     )
     assert res.status == "complete", res.reason
     assert len(res.history) == 2 and res.history[1].train_loss is not None
 
 
-def test_a_resumed_fold_continues_with_the_same_das_state(tmp_path):
+def test_a_resumed_fold_continues_with_the_same_das_state(tmp_path, glyphs_ds):
     """The fold checkpoint carries the strategy's buffers (P and the banks)."""
-    from mlrc import data
-    from mlrc.config import load_preset
-    from mlrc.protocol import mlrc_split
-    from mlrc.train.fold import FoldSpec, train_fold
-
-    ds = data.build("glyphs")
-    fold = mlrc_split(ds.labels, scheme="mlrc").folds[0]
-    preset = load_preset("cpu", {"iterations_per_epoch": 3, "max_epochs": 1})
-    res = train_fold(
-        FoldSpec(
-            ds,
-            "glyphs",
-            fold.train_classes,
-            fold.val_classes,
-            "contrastive",
-            {},
-            None,
-            preset,
-            0,
-            tmp_path,
-            strategy="das",
-            progress=False,
-        )
-    )
+    res = train_tiny_fold(glyphs_ds, tmp_path, strategy="das")
     assert res.status == "complete"
     state = torch.load(tmp_path / "last.pt", weights_only=False)["strategy"]
     assert state and any(v.abs().sum() > 0 for v in state.values() if torch.is_tensor(v))

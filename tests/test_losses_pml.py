@@ -8,12 +8,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import train_tiny_fold
 
-from mlrc import data
-from mlrc.config import SPACES_DIR, default_space, load_preset
+from mlrc.config import SPACES_DIR, default_space
 from mlrc.methods import losses
-from mlrc.protocol import mlrc_split
-from mlrc.train.fold import FoldSpec, train_fold
 
 NAMES = [n for n in losses.available() if not n.startswith("test_")]  # tests register throwaways
 NEW = [
@@ -281,34 +279,9 @@ def test_histogram_survives_similarities_of_exactly_one():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def omniglot(omniglot_zip):
-    ds = data.build("omniglot", root=omniglot_zip)
-    return ds, mlrc_split(ds.labels, scheme="mlrc").folds[0]
-
-
 @pytest.mark.parametrize("name", NAMES)
-def test_trains_a_few_iterations_on_omniglot_without_nan(name, omniglot, tmp_path):
-    ds, fold = omniglot
-    preset = load_preset(
-        "cpu", {"iterations_per_epoch": 3, "max_epochs": 1, "validate_every": {"default": 1}}
-    )
-    info = losses.info(name)
-    res = train_fold(
-        FoldSpec(
-            ds,
-            "omniglot",
-            fold.train_classes,
-            fold.val_classes,
-            name,
-            {},
-            1e-3 if info.has_parameters else None,
-            preset,
-            0,
-            tmp_path,
-            progress=False,
-        )
-    )
+def test_trains_a_few_iterations_on_omniglot_without_nan(name, omniglot_ds, tmp_path):
+    res = train_tiny_fold(omniglot_ds, tmp_path, name)
     assert res.status == "complete", res.reason
     assert [h.epoch for h in res.history] == [0, 1]
     assert math.isfinite(res.history[-1].train_loss)

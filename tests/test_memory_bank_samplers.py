@@ -5,15 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import train_tiny_fold
 from scipy import linalg
 from scipy.spatial.distance import cdist, pdist
 
 import mlrc.methods.samplers.memory_bank as mb
-from mlrc import data
-from mlrc.config import load_preset
 from mlrc.methods import samplers
-from mlrc.protocol import mlrc_split
-from mlrc.train.fold import FoldSpec, train_fold
 
 NAMES = ["greedy_coreset", "d2_coreset", "distance_histogram_matching", "fid_matching"]
 
@@ -231,14 +228,8 @@ def test_fewer_classes_than_a_batch_uses_them_all():
             _check_spc(batch, labels, 12, 4)
 
 
-@pytest.fixture(scope="module")
-def glyph_fold():
-    ds = data.build("glyphs")
-    return ds, mlrc_split(ds.labels, scheme="mlrc").folds[0]
-
-
 @pytest.mark.parametrize("name", NAMES)
-def test_each_memory_bank_sampler_trains_a_fold(name, glyph_fold, tmp_path, monkeypatch):
+def test_each_memory_bank_sampler_trains_a_fold(name, glyphs_ds, tmp_path, monkeypatch):
     updates = []
     update = mb.MemoryBankSampler.update
     monkeypatch.setattr(
@@ -246,24 +237,8 @@ def test_each_memory_bank_sampler_trains_a_fold(name, glyph_fold, tmp_path, monk
         "update",
         lambda self, i, e: (updates.append(len(i)), update(self, i, e))[1],
     )
-    ds, fold = glyph_fold
-    preset = load_preset("cpu", {"iterations_per_epoch": 2, "max_epochs": 1})
-    res = train_fold(
-        FoldSpec(
-            ds,
-            "glyphs",
-            fold.train_classes,
-            fold.val_classes,
-            "contrastive",
-            {},
-            None,
-            preset,
-            0,
-            tmp_path,
-            sampler=name,
-            sampler_params={"big_batch": 64},
-            progress=False,
-        )
+    res = train_tiny_fold(
+        glyphs_ds, tmp_path, iterations=2, sampler=name, sampler_params={"big_batch": 64}
     )
     assert res.status == "complete"
-    assert len(updates) == 2 and all(u == preset.batch.size for u in updates)
+    assert len(updates) == 2 and all(u == 32 for u in updates)  # the cpu preset's batch

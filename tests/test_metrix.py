@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import train_tiny_fold
 
 import mlrc.methods.strategies.metrix as metrix  # registers "metrix"
-from mlrc import data
 from mlrc.config import load_preset, load_study
 from mlrc.methods import losses, strategies
 from mlrc.models.trunks import BNInception, ResNet50Trunk, SmallCNN
 from mlrc.protocol import mlrc_split
-from mlrc.train.fold import FoldSpec, Model, build_model, train_fold
+from mlrc.train.fold import Model, build_model
 
 LOSS_NAMES = ["contrastive", "multi_similarity", "proxy_anchor"]
 LAM = 0.3
@@ -361,33 +361,18 @@ def test_unsupported_loss_or_pairing_is_a_clear_error():
 # Short training on the real Omniglot subset (cpu preset: tiny_cnn)
 
 
-@pytest.fixture(scope="module")
-def omniglot_fold(omniglot_zip):
-    ds = data.build("omniglot", root=omniglot_zip)
-    return ds, mlrc_split(ds.labels, scheme="mlrc").folds[0]
-
-
 @pytest.mark.parametrize("mixup", ["input", "feature", "embedding"])
 @pytest.mark.parametrize("name", LOSS_NAMES)
-def test_metrix_trains_on_omniglot(name, mixup, omniglot_fold, tmp_path: Path):
-    ds, fold = omniglot_fold
-    preset = load_preset("cpu", {"iterations_per_epoch": 2, "max_epochs": 1})
-    res = train_fold(
-        FoldSpec(
-            ds,
-            "omniglot",
-            fold.train_classes,
-            fold.val_classes[:4],  # a small validation set keeps this test fast
-            name,
-            {},
-            1e-3 if name == "proxy_anchor" else None,
-            preset,
-            0,
-            tmp_path,
-            strategy="metrix",
-            strategy_params={"mixup": mixup},
-            progress=False,
-        )
+def test_metrix_trains_on_omniglot(name, mixup, omniglot_ds, tmp_path: Path):
+    val = mlrc_split(omniglot_ds.labels, scheme="mlrc").folds[0].val_classes[:4]  # fast
+    res = train_tiny_fold(
+        omniglot_ds,
+        tmp_path,
+        name,
+        iterations=2,
+        val_classes=val,
+        strategy="metrix",
+        strategy_params={"mixup": mixup},
     )
     assert res.status == "complete", res.reason
     assert math.isfinite(res.history[-1].train_loss) and res.history[-1].train_loss > 0

@@ -5,12 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import yaml
+from conftest import train_tiny_fold
 
-from mlrc import data
-from mlrc.config import ConfigError, load_preset, load_study
+from mlrc.config import ConfigError, load_study
 from mlrc.methods import samplers
-from mlrc.protocol import mlrc_split
-from mlrc.train.fold import FoldSpec, train_fold
 
 
 def test_registry_has_the_label_samplers():
@@ -66,30 +64,7 @@ def test_study_key(tmp_path):
         load_study(_study(tmp_path, {"name": "spc_random", "params": {"m": 2}}))
 
 
-@pytest.fixture(scope="module")
-def glyph_fold():
-    ds = data.build("glyphs")
-    return ds, mlrc_split(ds.labels, scheme="mlrc").folds[0]
-
-
 @pytest.mark.parametrize("name", [n for n in samplers.available()])
-def test_each_sampler_trains_a_fold(name, glyph_fold, tmp_path):
-    ds, fold = glyph_fold
-    preset = load_preset("cpu", {"iterations_per_epoch": 3, "max_epochs": 1})
-    res = train_fold(
-        FoldSpec(
-            ds,
-            "glyphs",
-            fold.train_classes,
-            fold.val_classes,
-            "contrastive",
-            {},
-            None,
-            preset,
-            0,
-            tmp_path,
-            sampler=name,
-            progress=False,
-        )
-    )
+def test_each_sampler_trains_a_fold(name, glyphs_ds, tmp_path):
+    res = train_tiny_fold(glyphs_ds, tmp_path, sampler=name)
     assert res.status == "complete"

@@ -8,13 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import train_tiny_fold
 
-from mlrc import data
-from mlrc.config import ConfigError, load_preset, load_study
+from mlrc.config import ConfigError, load_study
 from mlrc.methods import strategies
 from mlrc.methods.strategies.rho_distance import distance_weights
-from mlrc.protocol import mlrc_split
-from mlrc.train.fold import FoldSpec, train_fold
 
 
 def test_registry():
@@ -94,25 +92,8 @@ def test_config_adds_the_strategy_space_and_checks_the_loss(tmp_path):
 
 
 @pytest.mark.parametrize("loss", ["contrastive", "triplet", "margin", "snr"])
-def test_rho_distance_trains_tuple_losses_on_omniglot(loss, tmp_path, omniglot_zip):
-    ds = data.build("omniglot", root=omniglot_zip)
-    fold = mlrc_split(ds.labels, scheme="mlrc").folds[0]
-    preset = load_preset("cpu", {"iterations_per_epoch": 3, "max_epochs": 1})
-    res = train_fold(
-        FoldSpec(
-            ds,
-            "omniglot",
-            fold.train_classes,
-            fold.val_classes,
-            loss,
-            {},
-            1e-3 if loss == "margin" else None,
-            preset,
-            0,
-            tmp_path,
-            strategy="rho_distance",
-            strategy_params={"p_switch": 0.4},
-            progress=False,
-        )
+def test_rho_distance_trains_tuple_losses_on_omniglot(loss, tmp_path, omniglot_ds):
+    res = train_tiny_fold(
+        omniglot_ds, tmp_path, loss, strategy="rho_distance", strategy_params={"p_switch": 0.4}
     )
     assert res.status == "complete"

@@ -382,8 +382,31 @@ def _takes_tuples(loss: str) -> bool:
     return "indices_tuple" in inspect.signature(probe.forward).parameters
 
 
+def _plugin_space(kind: str, ref: Any, accepted: dict[str, Any], source: str) -> tuple[dict, dict]:
+    """Space and fixed params of a miner/strategy, keys prefixed ``<kind>.``, each name checked.
+
+    Without ``search`` the plug-in's default space (``studies/spaces/{miners,strategies}/``) is
+    used, minus what ``params`` fixes."""
+    space = ref.search
+    if space is None:
+        defaults = default_space(ref.name, SPACES_DIR / {"miner": "miners"}.get(kind, "strategies"))
+        space = {k: v for k, v in defaults.items() if k not in ref.params}
+    for where, names in ((f"{kind}.params", ref.params), (f"{kind}.search", space)):
+        for k in names:
+            if k not in accepted:
+                raise ConfigError(
+                    f"{source}: {where}.{k}: {kind} {ref.name!r} takes no parameter {k!r} "
+                    f"(it takes: {', '.join(accepted) or 'none'})"
+                )
+    prefix = f"{kind}."
+    return (
+        {prefix + k: v for k, v in space.items()},
+        {prefix + k: v for k, v in ref.params.items()},
+    )
+
+
 def _resolve_strategy(study: StudyConfig, spec: Any, source: str) -> tuple[dict, dict]:
-    """The strategy's space and fixed params, keys prefixed ``strategy.``; checks the loss."""
+    """The strategy's space and fixed params (``strategy.<param>``); checks loss and miner."""
     from mlrc.methods import strategies
     from mlrc.registry import RegistryError
 
@@ -392,8 +415,7 @@ def _resolve_strategy(study: StudyConfig, spec: Any, source: str) -> tuple[dict,
         accepted = strategies.params(ref.name)
     except RegistryError as e:
         raise ConfigError(f"{source}: strategy.name: {e}") from None
-    kind = strategies.STRATEGIES.get(ref.name)()
-    if not kind.uses_miner:
+    if not strategies.STRATEGIES.get(ref.name)().uses_miner:
         if study.miner is not None:
             raise ConfigError(f"{source}: strategy {ref.name!r} mines its own tuples: remove miner")
         if not _takes_tuples(spec.name):
@@ -401,30 +423,11 @@ def _resolve_strategy(study: StudyConfig, spec: Any, source: str) -> tuple[dict,
                 f"{source}: strategy: {ref.name!r} needs a tuple loss; "
                 f"loss {spec.name!r} takes no tuples"
             )
-    space = (
-        ref.search
-        if ref.search is not None
-        else {
-            k: v
-            for k, v in default_space(ref.name, SPACES_DIR / "strategies").items()
-            if k not in ref.params
-        }
-    )
-    for where, names in (("strategy.params", ref.params), ("strategy.search", space)):
-        for k in names:
-            if k not in accepted:
-                raise ConfigError(
-                    f"{source}: {where}.{k}: strategy {ref.name!r} takes no "
-                    f"parameter {k!r} (it takes: {', '.join(accepted) or 'none'})"
-                )
-    return (
-        {f"{strategies.PREFIX}{k}": v for k, v in space.items()},
-        {f"{strategies.PREFIX}{k}": v for k, v in ref.params.items()},
-    )
+    return _plugin_space("strategy", ref, accepted, source)
 
 
 def _resolve_miner(study: StudyConfig, spec: Any, source: str) -> tuple[dict, dict]:
-    """The miner's space and fixed params, keys prefixed ``miner.``; checks loss compatibility."""
+    """The miner's space and fixed params (``miner.<param>``); checks the loss takes pairs."""
     from mlrc.methods import miners
     from mlrc.registry import RegistryError
 
@@ -435,26 +438,7 @@ def _resolve_miner(study: StudyConfig, spec: Any, source: str) -> tuple[dict, di
         raise ConfigError(f"{source}: miner.name: {e}") from None
     if not _takes_tuples(spec.name):
         raise ConfigError(f"{source}: miner: loss {spec.name!r} does not use a miner's pairs")
-    space = (
-        ref.search
-        if ref.search is not None
-        else {
-            k: v
-            for k, v in default_space(ref.name, SPACES_DIR / "miners").items()
-            if k not in ref.params
-        }
-    )
-    for where, names in (("miner.params", ref.params), ("miner.search", space)):
-        for k in names:
-            if k not in accepted:
-                raise ConfigError(
-                    f"{source}: {where}.{k}: miner {ref.name!r} takes no parameter "
-                    f"{k!r} (it takes: {', '.join(accepted) or 'none'})"
-                )
-    return (
-        {f"{miners.PREFIX}{k}": v for k, v in space.items()},
-        {f"{miners.PREFIX}{k}": v for k, v in ref.params.items()},
-    )
+    return _plugin_space("miner", ref, accepted, source)
 
 
 def load_study(path: str | Path) -> ResolvedStudy:
