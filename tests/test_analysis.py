@@ -10,6 +10,7 @@ from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 from scipy.spatial import distance
 from scipy.stats import entropy
 from sklearn.metrics import normalized_mutual_info_score
+from test_metrics import clustered
 
 from mlrc.protocol import analysis as A
 from mlrc.protocol.analysis import (
@@ -22,17 +23,6 @@ from mlrc.protocol.analysis import (
     recall_at_k,
     spectral_decay,
 )
-
-
-def clustered(n_classes: int, dim: int, seed: int, spread: float = 0.9, singletons: int = 3):
-    """Gaussian clusters with uneven class sizes (2..25) plus a few one-item classes."""
-    rng = np.random.default_rng(seed)
-    sizes = np.concatenate([rng.integers(2, 26, n_classes), np.ones(singletons, dtype=int)])
-    centres = rng.standard_normal((len(sizes), dim))
-    labels = np.repeat(np.arange(len(sizes)), sizes)
-    x = centres[labels] + spread * rng.standard_normal((len(labels), dim))
-    perm = rng.permutation(len(labels))
-    return x[perm].astype(np.float32), labels[perm]
 
 
 def ranked_others(x: np.ndarray, i: int) -> np.ndarray:
