@@ -169,10 +169,24 @@ def proxy_anchor(
     return L.ProxyAnchorLoss(num_classes, embedding_size, margin=margin, alpha=alpha)
 
 
+class _UnitAngularLoss(L.AngularLoss):
+    """PML 2.9 normalises only x_a and x_p and uses the raw negatives; the paper (and the PML of
+    the reality check) works on the unit sphere, so every embedding is normalised first."""
+
+    def forward(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None):
+        return super().forward(
+            F.normalize(embeddings, dim=1),
+            labels,
+            indices_tuple,
+            None if ref_emb is None else F.normalize(ref_emb, dim=1),
+            ref_labels,
+        )
+
+
 @register("angular", batch="pair")
 def angular(*, num_classes: int, embedding_size: int, alpha: float = 40.0):
-    """Angular loss (Wang et al. 2017), angular term only, on unit embeddings; alpha in DEGREES (PML), no N-pair term or L2 penalty (unlike Roth et al.)."""
-    return L.AngularLoss(alpha=alpha)
+    """Angular loss (Wang et al. 2017), angular term only, on unit embeddings (all normalised); alpha in DEGREES (PML), no N-pair term or L2 penalty (unlike Roth et al.)."""
+    return _UnitAngularLoss(alpha=alpha)
 
 
 @register("lifted_structure", batch="pair")
