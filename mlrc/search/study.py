@@ -225,9 +225,12 @@ def run_search(ctx: Context) -> optuna.Study:
 
 def _recover_interrupted(ctx: Context, ostudy: optuna.Study) -> None:
     """Trials left RUNNING by a dead process: fail them ("interrupted") and retry their params."""
+    storage = optuna.storages.get_storage(ctx.url)
+    study_id = storage.get_study_id_from_name(ctx.name)
     for t in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        ostudy._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
-        ostudy._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+        storage.set_trial_user_attr(trial_id, "reason", "interrupted")
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
         with session(ctx.engine) as s:
             upsert(
                 s,
