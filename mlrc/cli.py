@@ -195,6 +195,53 @@ def study_run(
         _print_status(ctx)
 
 
+@app.command()
+def worker(
+    study_file: Annotated[Path, typer.Argument(help="study YAML")],
+    storage: Annotated[
+        str,
+        typer.Option("--storage", envvar="MLRC_STORAGE", help="PostgreSQL URL shared by the pool"),
+    ] = DEFAULT_STORAGE,
+    artifacts: Annotated[
+        Path,
+        typer.Option("--artifacts", envvar="MLRC_ARTIFACTS", help="shared checkpoint directory"),
+    ] = DEFAULT_ARTIFACTS,
+    device: Annotated[
+        str, typer.Option("--device", envvar="MLRC_DEVICE", help="cpu, cuda, cuda:N (one GPU)")
+    ] = "cpu",
+    heartbeat: Annotated[int, typer.Option(help="heartbeat interval of a running trial, s")] = 30,
+    grace: Annotated[
+        int | None, typer.Option(help="a trial without heartbeat this long is retried, s (4×)")
+    ] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """One worker of a pool: run trials of the study until its budget of finished trials is
+    reached by the whole pool, then exit 0. Start any number, on any machines, against one
+    PostgreSQL database (SQLite allows a single worker)."""
+    import logging
+    import os
+
+    from mlrc.search.study import run_search
+
+    if heartbeat < 1 or (grace is not None and grace <= heartbeat):
+        _fail("--heartbeat must be ≥ 1 s and --grace longer than --heartbeat")
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s worker {os.getpid()} %(levelname)s %(message)s"
+    )
+    with _user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
+        from mlrc.store import redact
+
+        logging.getLogger("mlrc").info(
+            "study %s on %s, device %s, artifacts %s",
+            ctx.name,
+            redact(storage),
+            device,
+            ctx.artifacts,
+        )
+        run_search(ctx, heartbeat_s=heartbeat, grace_s=grace)
+        _print_status(ctx)
+
+
 @study_app.command("test")
 def study_test(
     study_file: Annotated[Path, typer.Argument(help="study YAML")],

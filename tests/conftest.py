@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -38,8 +39,41 @@ def _pg_bin() -> Path | None:
     return Path(versions[-1]).parent if versions else None
 
 
+class PostgresServer:
+    """A real throwaway PostgreSQL server: ``url`` (no password: trust auth on loopback),
+    ``restart()`` (fast shutdown, all connections dropped, then start again)."""
+
+    def __init__(self, bindir: Path, base: Path, port: int, as_user: list[str]) -> None:
+        self.bindir, self.base, self.port, self.as_user = bindir, base, port, as_user
+        self.datadir = base / "data"
+        self.url = f"postgresql+psycopg://mlrc@127.0.0.1:{port}/postgres"
+
+    def pg_ctl(self, *args: str) -> None:
+        import subprocess
+
+        subprocess.run(
+            [*self.as_user, str(self.bindir / "pg_ctl"), "-D", str(self.datadir), *args],
+            check=True,
+            capture_output=True,
+        )
+
+    def start(self) -> None:
+        opts = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1"
+        self.pg_ctl("-l", str(self.base / "log"), "-w", "-o", opts, "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self.pg_ctl("-m", mode, "-w", "stop")
+
+    def restart(self, down_s: float = 0.0) -> None:
+        import time
+
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+
+
 @pytest.fixture(scope="session")
-def postgres_url() -> str:
+def postgres_server() -> PostgresServer:
     """A real throwaway PostgreSQL server on a free local port (as user `postgres` under root)."""
     import shutil
     import socket
@@ -49,7 +83,6 @@ def postgres_url() -> str:
     bindir = _pg_bin()
     require(bindir is not None, "PostgreSQL server binaries (initdb, pg_ctl) are not installed")
     base = Path(tempfile.mkdtemp(prefix="mlrc-pg-"))  # not under pytest's 0700 root dir
-    datadir = base / "data"
     as_user: list[str] = []
     if os.geteuid() == 0:  # postgres refuses to run as root
         import pwd
@@ -63,25 +96,38 @@ def postgres_url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    run = lambda *cmd: subprocess.run([*as_user, *cmd], check=True, capture_output=True)  # noqa: E731
-    run(str(bindir / "initdb"), "-D", str(datadir), "-U", "mlrc", "--auth=trust", "-E", "UTF8")
-    run(
-        str(bindir / "pg_ctl"),
-        "-D",
-        str(datadir),
-        "-l",
-        str(base / "log"),
-        "-w",
-        "-o",
-        f"-p {port} -k {base} -c listen_addresses=127.0.0.1",
-        "start",
-    )
-    yield f"postgresql+psycopg://mlrc@127.0.0.1:{port}/postgres"
+    server = PostgresServer(bindir, base, port, as_user)
     subprocess.run(
-        [*as_user, str(bindir / "pg_ctl"), "-D", str(datadir), "-m", "immediate", "stop"],
+        [*as_user, str(bindir / "initdb"), "-D", str(server.datadir), "-U", "mlrc"]
+        + ["--auth=trust", "-E", "UTF8"],
+        check=True,
         capture_output=True,
     )
+    server.start()
+    yield server
+    with contextlib.suppress(Exception):
+        server.stop("immediate")
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server) -> str:
+    return postgres_server.url
+
+
+@pytest.fixture
+def fresh_database(postgres_server) -> str:
+    """A new empty database on the throwaway server (isolates tests that share the server)."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    engine = create_engine(postgres_server.url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as c:
+        c.execute(text(f"CREATE DATABASE {name}"))
+    engine.dispose()
+    return postgres_server.url.rsplit("/", 1)[0] + f"/{name}"
 
 
 @pytest.fixture(scope="session")

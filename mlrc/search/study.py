@@ -15,6 +15,10 @@ import hashlib
 import logging
 import math
 import os
+import socket
+import threading
+import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +46,9 @@ from mlrc.train.fold import EpochRecord, FoldResult, FoldSpec, _View, embed, loa
 
 log = logging.getLogger("mlrc")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+# We run Optuna's heartbeat ourselves around ask/tell (see _Heartbeat): its notes are expected.
+warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used", UserWarning)
+warnings.filterwarnings("ignore", ".*heartbeat.*", optuna.exceptions.ExperimentalWarning)
 
 
 class StudyError(RuntimeError):
@@ -141,7 +148,7 @@ def _sqlite_lock(engine: Engine, name: str) -> Iterator[None]:
 
 def _register(engine: Engine, resolved: ResolvedStudy) -> int:
     config = resolved.fingerprint()
-    with session(engine) as s:
+    with store.advisory_lock(engine, "mlrc-register"), session(engine) as s:
         row = store.get_study(s, resolved.study.name)
         if row is None:
             row = store.Study(
@@ -172,14 +179,21 @@ def _first_difference(a: Any, b: Any, where: str = "") -> str:
     return f"{where}: {a!r} in the store, {b!r} now"
 
 
-def optuna_study(ctx: Context) -> optuna.Study:
+HEARTBEAT_S = 30  # default heartbeat interval of a running trial (seconds)
+
+
+def optuna_study(ctx: Context, storage: Any = None) -> optuna.Study:
     r = ctx.resolved
-    return optuna.create_study(
-        study_name=ctx.name,
-        storage=ctx.url,
-        direction="maximize",
-        load_if_exists=True,
-        sampler=make_sampler(r.sampler, r.study.search.seed),
+    return store.retry(
+        lambda: optuna.create_study(
+            study_name=ctx.name,
+            storage=storage or ctx.url,
+            direction="maximize",
+            load_if_exists=True,
+            sampler=make_sampler(r.sampler, r.study.search.seed),
+        ),
+        ctx.engine,
+        "opening the Optuna study",
     )
 
 
@@ -187,62 +201,182 @@ def optuna_study(ctx: Context) -> optuna.Study:
 
 
 def finished(ostudy: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Trials that count towards the budget: complete, or failed for a reason of their own."""
-    return [
-        t
-        for t in ostudy.get_trials(deepcopy=False)
-        if t.state == TrialState.COMPLETE
-        or (t.state == TrialState.FAIL and t.user_attrs.get("reason") != "interrupted")
-    ]
+    """Trials that count towards the budget: complete, or failed for a reason of their own
+    (a trial failed as "interrupted" or lost by a dead worker is retried, not counted)."""
+    return [t for t in ostudy.get_trials(deepcopy=False) if _counts(t)]
 
 
-def run_search(ctx: Context) -> optuna.Study:
-    """Run trials until ``trials`` of them have finished (complete or failed with a reason)."""
-    ostudy = optuna_study(ctx)
-    _recover_interrupted(ctx, ostudy)
-    if not ostudy.user_attrs.get("enqueued"):
-        for params in ctx.resolved.study.search.enqueue:
-            ostudy.enqueue_trial(params)
-        ostudy.set_user_attr("enqueued", True)
-    while (done := len(finished(ostudy))) < ctx.resolved.trials:
+def _counts(t: optuna.trial.FrozenTrial) -> bool:
+    if t.state == TrialState.COMPLETE:
+        return True
+    reason = t.user_attrs.get("reason")
+    return t.state == TrialState.FAIL and reason is not None and reason != "interrupted"
+
+
+@dataclass
+class _Claim:
+    trial: optuna.Trial
+    trial_id: int
+    params: dict[str, Any]
+
+
+def run_search(
+    ctx: Context, heartbeat_s: int = HEARTBEAT_S, grace_s: int | None = None, poll_s: float = 5.0
+) -> optuna.Study:
+    """Run trials until ``trials`` of them have finished (complete or failed with a reason).
+
+    One process (``mlrc study run``) or any number of workers (``mlrc worker``, PostgreSQL)
+    run this same loop; they coordinate only through the database. Taking the next trial is
+    serialised by an advisory lock, so the budget is global: a worker starts a trial only while
+    finished + running < trials, and otherwise waits (``poll_s``) until the running ones end — a
+    worker that dies leaves its trial without heartbeat; after ``grace_s`` (default 4 ×
+    ``heartbeat_s``) another worker fails it and retries its parameters, reusing finished folds.
+    """
+    grace = grace_s or 4 * heartbeat_s
+    storage = store.optuna_storage(
+        ctx.url,
+        heartbeat_interval=heartbeat_s,
+        grace_period=grace,
+        heartbeat_stale_trial_callback=lambda st, t: _on_stale(ctx, st, t, grace),
+    )
+    ostudy = optuna_study(ctx, storage)
+    study_id = store.retry(
+        lambda: storage.get_study_id_from_name(ctx.name), ctx.engine, "reading the study"
+    )
+    with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
+        if ctx.engine.dialect.name == "sqlite":  # the file lock proves no other process runs
+            _recover_interrupted(ctx, ostudy, storage, study_id)
+        if not ostudy.user_attrs.get("enqueued"):
+            for params in ctx.resolved.study.search.enqueue:
+                ostudy.enqueue_trial(params)
+            ostudy.set_user_attr("enqueued", True)
+    while True:
+        claim = store.retry(
+            lambda: _claim(ctx, ostudy, storage, study_id), ctx.engine, "taking the next trial"
+        )
+        if claim is None:
+            return ostudy
+        if claim == "wait":
+            time.sleep(poll_s)
+            continue
+        with _Heartbeat(storage, claim.trial_id, heartbeat_s):
+            value, reason = _objective(ctx, claim.trial.number, claim.params)
+        _tell(ctx, ostudy, claim, value, reason)
+
+
+def _claim(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> _Claim | str | None:
+    """Under the study's lock: fail stale trials, then ask for the next trial if the budget
+    allows it (``None``: the search is done, ``"wait"``: all remaining slots are running)."""
+    with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(ostudy)
+        trials = ostudy.get_trials(deepcopy=False)
+        done = sum(map(_counts, trials))
+        running = sum(t.state == TrialState.RUNNING for t in trials)
+        if done >= ctx.resolved.trials:
+            return None
+        if done + running >= ctx.resolved.trials:
+            return "wait"
         # The k-th suggestion is drawn with a seed of its own, so an interrupted and resumed
         # study proposes the same sequence as an uninterrupted one (a resumed process would
         # otherwise restart the sampler's random stream and repeat earlier parameters).
         ostudy.sampler = make_sampler(
-            ctx.resolved.sampler, derive_seed(ctx.resolved.study.search.seed, "sampler", done)
+            ctx.resolved.sampler,
+            derive_seed(ctx.resolved.study.search.seed, "sampler", done + running),
         )
         trial = ostudy.ask()
         params = suggest(trial, ctx.resolved.space)
-        value, reason = _objective(ctx, trial.number, params)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+        storage.record_heartbeat(trial_id)  # before the lock is released: never RUNNING unseen
+        return _Claim(trial, trial_id, params)
+
+
+def _tell(
+    ctx: Context, ostudy: optuna.Study, claim: _Claim, value: float | None, reason: str | None
+) -> None:
+    def tell() -> None:
         if reason is None:
-            ostudy.tell(trial, value)
+            ostudy.tell(claim.trial, value)
         else:
-            trial.set_user_attr("reason", reason)
-            ostudy.tell(trial, state=TrialState.FAIL)
-            log.warning("trial %d failed: %s", trial.number, reason)
-    return ostudy
+            claim.trial.set_user_attr("reason", reason)
+            ostudy.tell(claim.trial, state=TrialState.FAIL)
+
+    try:
+        store.retry(tell, ctx.engine, f"recording trial {claim.trial.number}")
+    except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError) as e:
+        if isinstance(e, store.StoreError):
+            raise
+        # Another worker declared this trial lost (no heartbeat for the grace period, e.g. a
+        # long network cut) and retries its parameters; the finished folds are reused there.
+        log.warning("trial %d was declared lost while it ran: %s", claim.trial.number, e)
+        _finish_trial(ctx, claim.trial.number, "interrupted", None, None, "declared lost: retried")
+        return
+    if reason is not None:
+        log.warning("trial %d failed: %s", claim.trial.number, reason)
 
 
-def _recover_interrupted(ctx: Context, ostudy: optuna.Study) -> None:
+class _Heartbeat:
+    """Records the trial's heartbeat every ``interval`` seconds in a daemon thread; a lost
+    database only logs a warning (the retrying connection comes back by itself)."""
+
+    def __init__(self, storage: Any, trial_id: int, interval: float) -> None:
+        self.storage, self.trial_id, self.interval = storage, trial_id, interval
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True, name="mlrc-heartbeat")
+
+    def _beat(self) -> None:
+        while not self.stop.wait(self.interval):
+            try:
+                self.storage.record_heartbeat(self.trial_id)
+            except Exception as e:  # noqa: BLE001 — keep beating; report in one line
+                log.warning(
+                    "heartbeat of trial id %d not recorded: %s", self.trial_id, store._first_line(e)
+                )
+
+    def __enter__(self) -> _Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+def _on_stale(ctx: Context, ostudy: optuna.Study, t: optuna.trial.FrozenTrial, grace: int) -> None:
+    """Optuna failed a RUNNING trial whose worker stopped beating: record why, retry it."""
+    reason = f"worker lost: no heartbeat for more than {grace} s"
+    _mark_interrupted(ctx, t, reason)
+    ostudy.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+    log.warning("trial %d: %s; retrying its parameters", t.number, reason)
+
+
+def _mark_interrupted(ctx: Context, t: optuna.trial.FrozenTrial, reason: str) -> None:
+    store.transact(
+        ctx.engine,
+        lambda s: upsert(
+            s,
+            Trial,
+            {"study_id": ctx.study_id, "number": t.number},
+            params={**ctx.resolved.fixed, **t.params},
+            params_hash=params_hash({**ctx.resolved.fixed, **t.params}),
+            state="interrupted",
+            value=None,
+            sem=None,
+            reason=reason,
+        ),
+        f"recording trial {t.number} as interrupted",
+    )
+
+
+def _recover_interrupted(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
     """Trials left RUNNING by a dead process: fail them ("interrupted") and retry their params."""
-    storage = optuna.storages.get_storage(ctx.url)
-    study_id = storage.get_study_id_from_name(ctx.name)
     for t in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
         storage.set_trial_user_attr(trial_id, "reason", "interrupted")
         storage.set_trial_state_values(trial_id, TrialState.FAIL)
-        with session(ctx.engine) as s:
-            upsert(
-                s,
-                Trial,
-                {"study_id": ctx.study_id, "number": t.number},
-                params=t.params,
-                params_hash=params_hash({**ctx.resolved.fixed, **t.params}),
-                state="interrupted",
-                value=None,
-                sem=None,
-                reason="interrupted",
-            )
+        _mark_interrupted(ctx, t, "interrupted")
         ostudy.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
         log.warning("trial %d was interrupted; retrying its parameters", t.number)
 
@@ -253,8 +387,9 @@ def _objective(
     """Train the folds of one trial; (mean val MAP@R, None) or (None, failure reason)."""
     params = {**ctx.resolved.fixed, **suggested}
     h = params_hash(params)
-    with session(ctx.engine) as s:
-        upsert(
+    store.transact(
+        ctx.engine,
+        lambda s: upsert(
             s,
             Trial,
             {"study_id": ctx.study_id, "number": number},
@@ -264,7 +399,9 @@ def _objective(
             value=None,
             sem=None,
             reason=None,
-        )
+        ),
+        f"starting trial {number}",
+    )
     values = []
     for fold in ctx.split.folds:
         res = run_fold(ctx, "search", params, 0, fold.index, number)
@@ -287,8 +424,9 @@ def _finish_trial(
     sem: float | None,
     reason: str | None,
 ) -> None:
-    with session(ctx.engine) as s:
-        upsert(
+    store.transact(
+        ctx.engine,
+        lambda s: upsert(
             s,
             Trial,
             {"study_id": ctx.study_id, "number": number},
@@ -296,7 +434,9 @@ def _finish_trial(
             value=value,
             sem=sem,
             reason=reason,
-        )
+        ),
+        f"recording trial {number}",
+    )
 
 
 def _prefixed(params: dict[str, Any], prefix: str) -> dict[str, Any]:
@@ -321,14 +461,16 @@ def run_fold(
         "reproduction": reproduction,
         "fold": fold,
     }
-    with session(ctx.engine) as s:
-        row = s.execute(select(FoldRun).filter_by(**key)).scalar_one_or_none()
-        if (
-            row is not None
-            and row.status == "complete"
-            and row.checkpoint
-            and Path(row.checkpoint).is_file()
-        ):
+    what = f"{kind} fold {fold} of {h}" + (
+        f" (reproduction {reproduction})" if reproduction else ""
+    )
+    row = store.transact(
+        ctx.engine,
+        lambda s: s.execute(select(FoldRun).filter_by(**key)).scalar_one_or_none(),
+        f"reading {what}",
+    )
+    if row is not None and row.status == "complete" and row.checkpoint:
+        if Path(row.checkpoint).is_file():
             return FoldResult(
                 "complete",
                 None,
@@ -337,23 +479,30 @@ def run_fold(
                 checkpoint=row.checkpoint,
                 wall_time_s=row.wall_time_s or 0.0,
             )
+        log.warning("%s: checkpoint %s is missing; training it again", what, row.checkpoint)
     r = ctx.resolved
     seed = derive_seed(r.study.search.seed, kind, h, reproduction, fold)
-    with session(ctx.engine) as s:
-        fold_run_id = upsert(
-            s,
-            FoldRun,
-            key,
-            trial_number=trial_number,
-            seed=seed,
-            status="running",
-            reason=None,
-            device=ctx.device,
-        ).id
+    fold_run_id = store.transact(
+        ctx.engine,
+        lambda s: (
+            upsert(
+                s,
+                FoldRun,
+                key,
+                trial_number=trial_number,
+                seed=seed,
+                status="running",
+                reason=None,
+                device=ctx.device,
+            ).id
+        ),
+        f"starting {what}",
+    )
 
     def record(rec: EpochRecord) -> None:
-        with session(ctx.engine) as s:
-            upsert(
+        store.transact(
+            ctx.engine,
+            lambda s: upsert(
                 s,
                 EpochMetric,
                 {"fold_run_id": fold_run_id, "epoch": rec.epoch},
@@ -361,7 +510,9 @@ def run_fold(
                 map_at_r=rec.map_at_r,
                 precision_at_1=rec.precision_at_1,
                 r_precision=rec.r_precision,
-            )
+            ),
+            f"recording epoch {rec.epoch} of {what}",
+        )
 
     f = ctx.split.folds[fold]
     label = f"trial {trial_number}" if kind == "search" else f"reproduction {reproduction}"
@@ -397,9 +548,10 @@ def run_fold(
     res = train_fold(spec, on_validation=record)
     for rec in res.history:  # a resumed fold re-reports nothing: make sure every epoch is stored
         record(rec)
-    with session(ctx.engine) as s:
-        best = res.best or {}
-        upsert(
+    best = res.best or {}
+    store.transact(
+        ctx.engine,
+        lambda s: upsert(
             s,
             FoldRun,
             key,
@@ -409,7 +561,9 @@ def run_fold(
             checkpoint=res.checkpoint,
             wall_time_s=res.wall_time_s,
             **{k: best.get(k) for k in store.METRIC_COLUMNS},
-        )
+        ),
+        f"recording {what}",
+    )
     return res
 
 

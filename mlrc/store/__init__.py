@@ -12,10 +12,14 @@ hyperparameters, so a retried trial with the same parameters finds its finished 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
-from collections.abc import Iterator
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -34,6 +38,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 SCHEMA_VERSION = 2  # 2: test_result.extra (analysis metrics)
+log = logging.getLogger("mlrc")
+T = TypeVar("T")
 
 
 class StoreError(RuntimeError):
@@ -155,8 +161,110 @@ def redact(url: str) -> str:
         return "<unparsable database URL>"
 
 
+def reconnect_window_s() -> float:
+    """How long a worker waits for a lost database to come back (``MLRC_DB_RETRY_S``, 600 s)."""
+    try:
+        return float(os.environ.get("MLRC_DB_RETRY_S", "600"))
+    except ValueError:
+        raise StoreError(
+            f"MLRC_DB_RETRY_S={os.environ['MLRC_DB_RETRY_S']!r} is not a number of seconds"
+        ) from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(getattr(e, "orig", None) or e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def retry_connects(engine: Engine, first_s: float = 5.0, connected: bool = False) -> Engine:
+    """Make every new connection of ``engine`` retry with exponential backoff (0.5 s → 30 s):
+    for ``first_s`` seconds before the first success (a typo fails fast), then for
+    :func:`reconnect_window_s` (a restarted server is waited for). With ``pool_pre_ping`` this
+    turns a database restart into a pause. Messages never contain the password."""
+    if engine.dialect.name == "sqlite":
+        return engine
+    state = {"connected": connected}
+    where = redact(str(engine.url))
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(dialect: Any, conn_rec: Any, cargs: Any, cparams: Any) -> Any:
+        window = reconnect_window_s() if state["connected"] else first_s
+        deadline, delay = time.monotonic() + window, 0.5
+        while True:
+            try:
+                conn = dialect.loaded_dbapi.connect(*cargs, **cparams)
+                state["connected"] = True
+                return conn
+            except dialect.loaded_dbapi.OperationalError as e:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning(
+                    "database %s unreachable (%s); retrying in %.1f s", where, _first_line(e), delay
+                )
+                time.sleep(delay)
+                delay = min(2 * delay, 30.0)
+
+    return engine
+
+
+def retry(fn: Callable[[], T], engine: Engine, what: str) -> T:
+    """Run ``fn`` (a whole transaction), again after a lost connection, for up to
+    :func:`reconnect_window_s` seconds; other errors propagate at once."""
+    from sqlalchemy.exc import DBAPIError
+
+    deadline, delay = time.monotonic() + reconnect_window_s(), 0.5
+    while True:
+        try:
+            return fn()
+        except DBAPIError as e:
+            if not e.connection_invalidated and not _is_disconnect(e, engine):
+                raise
+            if time.monotonic() + delay > deadline:
+                raise StoreError(
+                    f"{redact(str(engine.url))}: lost the connection while {what} "
+                    f"and it did not come back ({_first_line(e)})"
+                ) from None
+            log.warning("%s: connection lost (%s); retrying in %.1f s", what, _first_line(e), delay)
+            time.sleep(delay)
+            delay = min(2 * delay, 30.0)
+
+
+def _is_disconnect(e: Exception, engine: Engine) -> bool:
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    if engine.dialect.name == "sqlite":
+        return False
+    return isinstance(e, OperationalError | InterfaceError)
+
+
+@contextmanager
+def advisory_lock(engine: Engine, name: str) -> Iterator[None]:
+    """A cluster-wide mutex named ``name`` (PostgreSQL advisory lock, released on disconnect,
+    so a killed holder never blocks the others). On SQLite a no-op: one process per study."""
+    if engine.dialect.name != "postgresql":
+        yield
+        return
+    from sqlalchemy import text
+
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    conn = retry(engine.connect, engine, "taking a lock")
+    try:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+        conn.commit()
+        yield
+    finally:
+        try:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+            conn.commit()
+        except Exception:  # connection gone: the server released the lock with it
+            pass
+        conn.close()
+
+
 def connect(url: str) -> Engine:
-    """Engine for ``url``; creates mlrc's tables and checks the schema version."""
+    """Engine for ``url``; creates mlrc's tables and checks the schema version.
+
+    PostgreSQL engines ping pooled connections and retry lost ones (:func:`retry_connects`);
+    table creation is serialised by an advisory lock, so many workers may start at once."""
     from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 
     try:
@@ -165,20 +273,35 @@ def connect(url: str) -> Engine:
         raise StoreError(f"{redact(url)}: cannot use this database URL ({e})") from None
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
+    retry_connects(engine)
     try:
-        Base.metadata.create_all(engine)
-        with Session(engine) as s, s.begin():
-            row = s.get(Meta, "schema_version")
-            if row is None:
-                s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
-            elif int(row.value) != SCHEMA_VERSION:
-                raise StoreError(
-                    f"{redact(url)}: written by mlrc schema version {row.value}, this mlrc reads "
-                    f"version {SCHEMA_VERSION}"
-                )
+        with advisory_lock(engine, "mlrc-schema"):
+            Base.metadata.create_all(engine)
+            with Session(engine) as s, s.begin():
+                row = s.get(Meta, "schema_version")
+                if row is None:
+                    s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+                elif int(row.value) != SCHEMA_VERSION:
+                    raise StoreError(
+                        f"{redact(url)}: written by mlrc schema version {row.value}, this mlrc "
+                        f"reads version {SCHEMA_VERSION}"
+                    )
+            if engine.dialect.name == "postgresql":  # Optuna's tables, created once, serialised
+                optuna_storage(url)
     except (OperationalError, DatabaseError) as e:
-        raise StoreError(f"{redact(url)}: {str(e.orig).splitlines()[0]}") from None
+        raise StoreError(f"{redact(url)}: {_first_line(e)}") from None
     return engine
+
+
+def optuna_storage(url: str, **heartbeat: Any) -> Any:
+    """Optuna's RDB storage on the same database, with pinged, retrying connections.
+    ``heartbeat``: ``heartbeat_interval``, ``grace_period``, ``heartbeat_stale_trial_callback``."""
+    import optuna
+
+    kwargs = {"pool_pre_ping": True} if not url.startswith("sqlite") else {}
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **heartbeat)
+    retry_connects(storage.engine, connected=True)
+    return storage
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:
@@ -200,16 +323,33 @@ def session(engine: Engine) -> Iterator[Session]:
 
 
 def upsert(s: Session, model: type[Base], key: dict[str, Any], **values: Any) -> Base:
-    """Insert or update the row with natural key ``key``; returns it (flushed)."""
+    """Insert or update the row with natural key ``key``; returns it (flushed). Two processes
+    inserting the same key at once both succeed: the loser updates the winner's row."""
+    from sqlalchemy.exc import IntegrityError
+
     row = s.execute(select(model).filter_by(**key)).scalar_one_or_none()
     if row is None:
-        row = model(**key, **values)
-        s.add(row)
-    else:
-        for k, v in values.items():
-            setattr(row, k, v)
+        try:
+            with s.begin_nested():
+                row = model(**key, **values)
+                s.add(row)
+            return row
+        except IntegrityError:
+            row = s.execute(select(model).filter_by(**key)).scalar_one()
+    for k, v in values.items():
+        setattr(row, k, v)
     s.flush()
     return row
+
+
+def transact(engine: Engine, fn: Callable[[Session], T], what: str) -> T:
+    """``fn(session)`` in one transaction, re-run after a lost connection (see :func:`retry`)."""
+
+    def once() -> T:
+        with session(engine) as s:
+            return fn(s)
+
+    return retry(once, engine, what)
 
 
 def get_study(s: Session, name: str) -> Study | None:
