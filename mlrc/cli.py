@@ -186,12 +186,42 @@ def study_run(
     artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
     device: DeviceOpt = "cpu",
     quiet: QuietOpt = False,
+    backend: Annotated[str, typer.Option(help="local (this process) or ray")] = "local",
+    address: Annotated[
+        str | None, typer.Option(help="ray: auto, HOST:PORT, or none for a local Ray")
+    ] = None,
+    max_concurrent: Annotated[int, typer.Option(help="ray: trials running at once")] = 1,
+    cpus_per_trial: Annotated[float, typer.Option(help="ray: CPUs reserved per trial")] = 1.0,
+    gpus_per_trial: Annotated[float, typer.Option(help="ray: GPUs per trial (0.25 packs 4)")] = 0.0,
+    fold_parallel: Annotated[
+        bool, typer.Option(help="ray: the folds of a trial as parallel tasks sharing its resources")
+    ] = False,
+    scheduler: Annotated[
+        str, typer.Option(help="ray: none (protocol), asha or median (prunes; not MLRC)")
+    ] = "none",
 ) -> None:
     """Run (or resume) the Bayesian search: trials × 4 folds, objective = mean val MAP@R."""
     from mlrc.search.study import run_search
 
+    if backend not in ("local", "ray"):
+        _fail(f"unknown backend {backend!r} (local or ray; for a worker pool use `mlrc worker`)")
+    if scheduler not in ("none", "asha", "median"):
+        _fail(f"unknown scheduler {scheduler!r} (none, asha or median)")
     with _user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
-        run_search(ctx)
+        if backend == "ray":
+            from mlrc.search.ray_backend import run_search_ray, scheduler_named
+
+            run_search_ray(
+                ctx,
+                address=address,
+                max_concurrent=max_concurrent,
+                cpus_per_trial=cpus_per_trial,
+                gpus_per_trial=gpus_per_trial,
+                fold_parallel=fold_parallel,
+                scheduler=scheduler_named(scheduler, len(ctx.split.folds)),
+            )
+        else:
+            run_search(ctx)
         _print_status(ctx)
 
 
@@ -326,7 +356,7 @@ def _print_status_by_name(engine, name: str) -> None:
             )
     counts = {
         state: sum(t.state == state for t in trials)
-        for state in ("complete", "running", "failed", "interrupted")
+        for state in ("complete", "running", "failed", "interrupted", "pruned")
     }
     done = [t for t in trials if t.state == "complete"]
     best = max(done, key=lambda t: t.value) if done else None

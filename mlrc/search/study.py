@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,26 +97,40 @@ def open_study(
     """Connect, register (or check) the study, load the dataset; hold a lock for SQLite."""
     engine = store.connect(url)
     with _sqlite_lock(engine, resolved.study.name):
-        study_id = _register(engine, resolved)
-        ds = data.build(
-            resolved.study.dataset.name,
-            root=resolved.study.dataset.root,
-            **resolved.study.dataset.params,
-        )
-        split = mlrc_split(
-            ds.labels, n_folds=resolved.preset.folds, scheme=resolved.preset.split_scheme
-        )
-        yield Context(
-            resolved,
-            url,
-            engine,
-            Path(artifacts) / resolved.study.name,
-            device,
-            ds,
-            split,
-            study_id,
-            progress,
-        )
+        yield build_context(resolved, url, artifacts, device, progress, engine)
+
+
+def build_context(
+    resolved: ResolvedStudy,
+    url: str,
+    artifacts: str | Path,
+    device: str = "cpu",
+    progress: bool = True,
+    engine: Engine | None = None,
+) -> Context:
+    """Register (or check) the study and load its dataset and split, without any lock (for a
+    process that works for a study someone else holds: a Ray trial or fold task)."""
+    engine = engine or store.connect(url)
+    study_id = _register(engine, resolved)
+    ds = data.build(
+        resolved.study.dataset.name,
+        root=resolved.study.dataset.root,
+        **resolved.study.dataset.params,
+    )
+    split = mlrc_split(
+        ds.labels, n_folds=resolved.preset.folds, scheme=resolved.preset.split_scheme
+    )
+    return Context(
+        resolved,
+        url,
+        engine,
+        Path(artifacts) / resolved.study.name,
+        device,
+        ds,
+        split,
+        study_id,
+        progress,
+    )
 
 
 @contextmanager
@@ -201,13 +215,14 @@ def optuna_study(ctx: Context, storage: Any = None) -> optuna.Study:
 
 
 def finished(ostudy: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Trials that count towards the budget: complete, or failed for a reason of their own
-    (a trial failed as "interrupted" or lost by a dead worker is retried, not counted)."""
+    """Trials that count towards the budget: complete, pruned (Ray scheduler), or failed for a
+    reason of their own (a trial failed as "interrupted" or lost by a dead worker is retried,
+    not counted)."""
     return [t for t in ostudy.get_trials(deepcopy=False) if _counts(t)]
 
 
 def _counts(t: optuna.trial.FrozenTrial) -> bool:
-    if t.state == TrialState.COMPLETE:
+    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
         return True
     reason = t.user_attrs.get("reason")
     return t.state == TrialState.FAIL and reason is not None and reason != "interrupted"
@@ -381,10 +396,26 @@ def _recover_interrupted(ctx: Context, ostudy: optuna.Study, storage: Any, study
         log.warning("trial %d was interrupted; retrying its parameters", t.number)
 
 
+FoldRunner = Callable[["Context", dict[str, Any], int], Iterator[tuple[int, FoldResult]]]
+
+
+def sequential_folds(
+    ctx: Context, params: dict[str, Any], number: int
+) -> Iterator[tuple[int, FoldResult]]:
+    """The folds of trial ``number`` one after another, as (fold index, result)."""
+    for fold in ctx.split.folds:
+        yield fold.index, run_fold(ctx, "search", params, 0, fold.index, number)
+
+
 def _objective(
-    ctx: Context, number: int, suggested: dict[str, Any]
+    ctx: Context,
+    number: int,
+    suggested: dict[str, Any],
+    on_fold: Callable[[int, float], None] | None = None,
+    folds: FoldRunner = sequential_folds,
 ) -> tuple[float | None, str | None]:
-    """Train the folds of one trial; (mean val MAP@R, None) or (None, failure reason)."""
+    """Train the folds of one trial; (mean val MAP@R, None) or (None, failure reason).
+    ``on_fold(k, running mean)`` is called as the k-th fold finishes (in completion order)."""
     params = {**ctx.resolved.fixed, **suggested}
     h = params_hash(params)
     store.transact(
@@ -402,16 +433,18 @@ def _objective(
         ),
         f"starting trial {number}",
     )
-    values = []
-    for fold in ctx.split.folds:
-        res = run_fold(ctx, "search", params, 0, fold.index, number)
+    values: dict[int, float] = {}
+    for fold, res in folds(ctx, params, number):
         if res.status != "complete":
-            reason = f"fold {fold.index}: {res.reason}"
+            reason = f"fold {fold}: {res.reason}"
             _finish_trial(ctx, number, "failed", None, None, reason)
             return None, reason
-        values.append(res.best["map_at_r"])
-    mean = float(np.mean(values))
-    sem = float(np.std(values, ddof=1) / math.sqrt(len(values)))
+        values[fold] = res.best["map_at_r"]
+        if on_fold is not None and len(values) < len(ctx.split.folds):
+            on_fold(len(values), float(np.mean(list(values.values()))))
+    v = [values[f] for f in sorted(values)]
+    mean = float(np.mean(v))
+    sem = float(np.std(v, ddof=1) / math.sqrt(len(v)))
     _finish_trial(ctx, number, "complete", mean, sem, None)
     return mean, None
 

@@ -1,0 +1,342 @@
+"""The Ray backend: Ray Tune places the trials, Optuna's sampler proposes them.
+
+The searcher is Ray's ``OptunaSearch`` on the same RDB study as the local backend and the
+worker pool (``storage=`` our Optuna storage, ``study_name=`` the study), so trials, fold runs,
+epochs and reports end up in the same tables. Each Ray trial trains the folds of one Optuna trial
+(in sequence, or with ``fold_parallel`` as parallel Ray tasks splitting the trial's CPUs/GPUs)
+and reports the running mean validation MAP@R after every fold, so a Tune scheduler (ASHA,
+median stopping) can stop a poor trial early: such a trial is recorded as PRUNED (state
+``pruned`` in mlrc's table). Without a scheduler nothing is pruned, as in the protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+from ray.tune.search.optuna import OptunaSearch
+
+from mlrc import store
+from mlrc.config import ResolvedStudy
+from mlrc.search.space import sampler as make_sampler
+from mlrc.search.space import suggest
+from mlrc.search.study import (
+    HEARTBEAT_S,
+    Context,
+    StudyError,
+    _Heartbeat,
+    _objective,
+    _recover_interrupted,
+    build_context,
+    finished,
+    optuna_study,
+    run_fold,
+    sequential_folds,
+)
+from mlrc.train.fold import FoldResult
+
+log = logging.getLogger("mlrc")
+DRIVER_CPU = 0.01  # with --fold-parallel: the trial's own process, which only waits on its folds
+NUMBER = "mlrc_trial_number"  # config key carrying the Optuna trial number into the trainable
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a Ray process needs to rebuild the study's context (picklable)."""
+
+    resolved: ResolvedStudy
+    url: str
+    artifacts: str
+    device: str
+    fold_parallel: bool
+    cpus_per_fold: float
+    gpus_per_fold: float
+    heartbeat_s: int
+
+    def context(self) -> Context:
+        return build_context(self.resolved, self.url, self.artifacts, self.device, progress=False)
+
+
+class _Searcher(OptunaSearch):
+    """OptunaSearch that records a scheduler-stopped trial as PRUNED (its last report was not
+    the final mean over all folds) and a trial that reported a failure as FAIL."""
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        if result is not None and result.get("failed"):
+            result, error = None, True
+        elif result is not None and not result.get("final"):
+            ot_trial = self._ot_trials.get(trial_id)
+            if ot_trial is not None and result.get("folds_done"):  # the stopping result itself
+                ot_trial.report(result["map_at_r"], int(result["folds_done"]))
+            result = None  # Optuna: no value and no error → PRUNED
+        super().on_trial_complete(trial_id, result, error)
+
+
+@dataclass(frozen=True)
+class _DefineByRun:
+    """Draws the study's space (picklable: Tune checkpoints the searcher)."""
+
+    space: dict[str, Any]
+
+    def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
+        suggest(trial, self.space)
+        return {NUMBER: trial.number}
+
+
+def _searcher(job: Job, storage: Any) -> _Searcher:
+    r = job.resolved
+    return _Searcher(
+        space=_DefineByRun(r.space),
+        metric="map_at_r",
+        mode="max",
+        sampler=make_sampler(r.sampler, r.study.search.seed),
+        study_name=r.study.name,
+        storage=storage,
+    )
+
+
+def _trainable(config: dict[str, Any], job: Job) -> None:
+    """One Optuna trial as one Ray trial: its folds, a report after each."""
+    from ray import tune
+
+    number = int(config[NUMBER])
+    params = {k: v for k, v in config.items() if k != NUMBER}
+    if job.device == "cuda" and not _cuda():
+        raise StudyError("--gpus-per-trial > 0 but this Ray worker sees no CUDA device")
+    ctx = job.context()
+    storage = store.optuna_storage(ctx.url, heartbeat_interval=job.heartbeat_s)
+    trial_id = storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(ctx.name), number
+    )
+    storage.set_trial_user_attr(trial_id, "worker", f"ray:{os.uname().nodename}:{os.getpid()}")
+    n = len(ctx.split.folds)
+
+    def on_fold(k: int, running: float) -> None:
+        tune.report({"map_at_r": running, "folds_done": k, "final": False})
+
+    folds = _parallel_folds(job) if job.fold_parallel else sequential_folds
+    with _Heartbeat(storage, trial_id, job.heartbeat_s):
+        try:
+            value, reason = _objective(ctx, number, params, on_fold=on_fold, folds=folds)
+        except Exception as e:  # noqa: BLE001 — recorded as the trial's reason, not lost
+            reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
+            _fail_trial(ctx, number, reason)
+            value = None
+    if reason is not None:
+        storage.set_trial_user_attr(trial_id, "reason", reason)
+        tune.report({"map_at_r": 0.0, "folds_done": n, "final": True, "failed": reason})
+    else:
+        tune.report({"map_at_r": value, "folds_done": n, "final": True})
+
+
+def _fail_trial(ctx: Context, number: int, reason: str) -> None:
+    from mlrc.search.study import _finish_trial
+
+    _finish_trial(ctx, number, "failed", None, None, reason)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _fold_task(job: Job, params: dict[str, Any], fold: int, number: int) -> FoldResult:
+    ctx = job.context()
+    return run_fold(ctx, "search", params, 0, fold, number)
+
+
+def _parallel_folds(job: Job):
+    """A fold runner that trains the folds of a trial as parallel Ray tasks."""
+    import ray
+
+    def folds(
+        ctx: Context, params: dict[str, Any], number: int
+    ) -> Iterator[tuple[int, FoldResult]]:
+        task = ray.remote(_fold_task).options(
+            num_cpus=job.cpus_per_fold, num_gpus=job.gpus_per_fold, max_retries=0
+        )
+        pending = {task.remote(job, params, f.index, number): f.index for f in ctx.split.folds}
+        try:
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                yield pending.pop(done[0]), ray.get(done[0])
+        finally:
+            for ref in pending:  # a failed fold ends the trial: stop its siblings
+                ray.cancel(ref, force=True)
+
+    return folds
+
+
+def scheduler_named(name: str, n_folds: int) -> Any:
+    """``none`` (the protocol), ``asha`` or ``median``: Tune schedulers on the running mean
+    validation MAP@R, whose time unit is folds finished. Pruning is a departure from MLRC."""
+    from ray.tune.schedulers import ASHAScheduler, MedianStoppingRule
+
+    if name == "none":
+        return None
+    if name == "asha":
+        return ASHAScheduler(
+            metric="map_at_r", mode="max", time_attr="folds_done", max_t=n_folds, grace_period=1
+        )
+    if name == "median":
+        return MedianStoppingRule(
+            metric="map_at_r", mode="max", time_attr="folds_done", grace_period=1
+        )
+    raise StudyError(f"unknown scheduler {name!r} (none, asha or median)")
+
+
+def run_search_ray(
+    ctx: Context,
+    address: str | None = None,
+    max_concurrent: int = 1,
+    cpus_per_trial: float = 1.0,
+    gpus_per_trial: float = 0.0,
+    fold_parallel: bool = False,
+    scheduler: Any = None,
+    heartbeat_s: int = HEARTBEAT_S,
+) -> optuna.Study:
+    """Run the study's remaining trials on Ray (``address``: None starts a local Ray, "auto"
+    joins the running cluster, HOST:PORT a given one). ``scheduler``: a Ray Tune scheduler
+    (e.g. ``ASHAScheduler(metric="map_at_r", mode="max", max_t=folds, grace_period=1)``; its
+    time unit is folds finished) or None (the protocol: no early stopping)."""
+    import ray
+    from ray import tune
+    from ray.tune.search import ConcurrencyLimiter
+
+    if max_concurrent < 1 or cpus_per_trial <= DRIVER_CPU or gpus_per_trial < 0:
+        raise StudyError("--max-concurrent ≥ 1, --cpus-per-trial > 0.01, --gpus-per-trial ≥ 0")
+    storage = store.optuna_storage(ctx.url)  # the searcher's: Tune pickles it with the searcher
+    ostudy = optuna_study(ctx, storage)
+    study_id = storage.get_study_id_from_name(ctx.name)
+    with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
+        if ctx.engine.dialect.name == "sqlite":  # the file lock proves no other process runs
+            _recover_interrupted(ctx, ostudy, storage, study_id)
+        else:
+            _fail_stale(ctx, 4 * heartbeat_s, heartbeat_s)
+    remaining = ctx.resolved.trials - len(finished(ostudy))
+    if remaining <= 0:
+        return ostudy
+    n = len(ctx.split.folds)
+    device = "cuda" if gpus_per_trial > 0 else ctx.device
+    job = Job(
+        ctx.resolved,
+        _absolute(ctx.url),
+        str(ctx.artifacts.parent.resolve()),
+        device,
+        fold_parallel,
+        (cpus_per_trial - DRIVER_CPU) / n if fold_parallel else cpus_per_trial,
+        gpus_per_trial / n,
+        heartbeat_s,
+    )
+    if fold_parallel:  # the trial's bundle is split among its folds; the driver task is tiny
+        resources = tune.PlacementGroupFactory(
+            [{"CPU": DRIVER_CPU}] + [{"CPU": job.cpus_per_fold, "GPU": job.gpus_per_fold}] * n
+        )
+    else:
+        resources = {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=ctx.progress,
+            logging_level=logging.WARNING,
+        )
+    try:
+        tuner = tune.Tuner(
+            tune.with_resources(tune.with_parameters(_trainable, job=job), resources),
+            tune_config=tune.TuneConfig(
+                search_alg=ConcurrencyLimiter(_searcher(job, storage), max_concurrent),
+                scheduler=scheduler,
+                num_samples=remaining,
+            ),
+            run_config=tune.RunConfig(
+                name=ctx.name,
+                storage_path=str((ctx.artifacts / "ray").resolve()),
+                verbose=1 if ctx.progress else 0,
+            ),
+        )
+        results = tuner.fit()
+    finally:
+        if started_here:
+            ray.shutdown()
+    _record_outcomes(ctx, ostudy, results, n)
+    return ostudy
+
+
+def _absolute(url: str) -> str:
+    """A relative SQLite path made absolute: Ray runs trials in directories of its own."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
+        return u.set(database=str(Path(u.database).resolve())).render_as_string(hide_password=False)
+    return url
+
+
+def _fail_stale(ctx: Context, grace: int, heartbeat_s: int) -> None:
+    """On a shared database: trials of a dead driver or pool worker (no heartbeat for
+    ``grace`` seconds) are failed and their parameters retried."""
+    import warnings
+
+    from mlrc.search.study import _on_stale
+
+    storage = store.optuna_storage(
+        ctx.url,
+        heartbeat_interval=heartbeat_s,
+        grace_period=grace,
+        heartbeat_stale_trial_callback=lambda st, t: _on_stale(ctx, st, t, grace),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optuna.storages.fail_stale_trials(optuna.load_study(study_name=ctx.name, storage=storage))
+
+
+def _record_outcomes(ctx: Context, ostudy: optuna.Study, results: Any, n_folds: int) -> None:
+    """Mirror what Ray decided into mlrc's trial table: PRUNED trials, crashed trials."""
+    from mlrc.store import Trial
+
+    errors = {}
+    for res in results:
+        number = (res.config or {}).get(NUMBER)
+        if number is not None and res.error is not None:
+            errors[int(number)] = str(res.error).strip().splitlines()[-1][:500]
+    for t in ostudy.get_trials(deepcopy=False, states=(TrialState.PRUNED, TrialState.FAIL)):
+        with store.session(ctx.engine) as s:
+            row = s.query(Trial).filter_by(study_id=ctx.study_id, number=t.number).one_or_none()
+            state = row.state if row is not None else None
+        if t.state == TrialState.PRUNED and state != "pruned":
+            done = max(t.intermediate_values, default=0)
+            reason = f"stopped by the scheduler after {done} of {n_folds} folds"
+            _record(ctx, t, "pruned", reason)
+        elif t.state == TrialState.FAIL and state in (None, "running"):
+            _record(ctx, t, "failed", errors.get(t.number, "the Ray trial failed"))
+
+
+def _record(ctx: Context, t: optuna.trial.FrozenTrial, state: str, reason: str) -> None:
+    from mlrc.search.study import params_hash
+    from mlrc.store import Trial, upsert
+
+    params = {**ctx.resolved.fixed, **t.params}
+    store.transact(
+        ctx.engine,
+        lambda s: upsert(
+            s,
+            Trial,
+            {"study_id": ctx.study_id, "number": t.number},
+            params=params,
+            params_hash=params_hash(params),
+            state=state,
+            value=None,
+            sem=None,
+            reason=reason,
+        ),
+        f"recording trial {t.number}",
+    )
