@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
@@ -28,86 +27,16 @@ def omniglot_zip() -> Path:
     return path
 
 
-def _pg_bin() -> Path | None:
-    import glob
-    import shutil
-
-    found = shutil.which("initdb")
-    if found:
-        return Path(found).parent
-    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    return Path(versions[-1]).parent if versions else None
-
-
-class PostgresServer:
-    """A real throwaway PostgreSQL server: ``url`` (no password: trust auth on loopback),
-    ``restart()`` (fast shutdown, all connections dropped, then start again)."""
-
-    def __init__(self, bindir: Path, base: Path, port: int, as_user: list[str]) -> None:
-        self.bindir, self.base, self.port, self.as_user = bindir, base, port, as_user
-        self.datadir = base / "data"
-        self.url = f"postgresql+psycopg://mlrc@127.0.0.1:{port}/postgres"
-
-    def pg_ctl(self, *args: str) -> None:
-        import subprocess
-
-        subprocess.run(
-            [*self.as_user, str(self.bindir / "pg_ctl"), "-D", str(self.datadir), *args],
-            check=True,
-            capture_output=True,
-        )
-
-    def start(self) -> None:
-        opts = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1"
-        self.pg_ctl("-l", str(self.base / "log"), "-w", "-o", opts, "start")
-
-    def stop(self, mode: str = "fast") -> None:
-        self.pg_ctl("-m", mode, "-w", "stop")
-
-    def restart(self, down_s: float = 0.0) -> None:
-        import time
-
-        self.stop()
-        time.sleep(down_s)
-        self.start()
-
-
 @pytest.fixture(scope="session")
-def postgres_server() -> PostgresServer:
+def postgres_server():
     """A real throwaway PostgreSQL server on a free local port (as user `postgres` under root)."""
-    import shutil
-    import socket
-    import subprocess
-    import tempfile
+    from mlrc.store.throwaway import PostgresUnavailable, throwaway_postgres
 
-    bindir = _pg_bin()
-    require(bindir is not None, "PostgreSQL server binaries (initdb, pg_ctl) are not installed")
-    base = Path(tempfile.mkdtemp(prefix="mlrc-pg-"))  # not under pytest's 0700 root dir
-    as_user: list[str] = []
-    if os.geteuid() == 0:  # postgres refuses to run as root
-        import pwd
-
-        try:
-            pw = pwd.getpwnam("postgres")
-        except KeyError:
-            require(False, "running as root and there is no 'postgres' user to run the server")
-        os.chown(base, pw.pw_uid, pw.pw_gid)
-        as_user = ["runuser", "-u", "postgres", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = PostgresServer(bindir, base, port, as_user)
-    subprocess.run(
-        [*as_user, str(bindir / "initdb"), "-D", str(server.datadir), "-U", "mlrc"]
-        + ["--auth=trust", "-E", "UTF8"],
-        check=True,
-        capture_output=True,
-    )
-    server.start()
-    yield server
-    with contextlib.suppress(Exception):
-        server.stop("immediate")
-    shutil.rmtree(base, ignore_errors=True)
+    try:
+        with throwaway_postgres() as server:
+            yield server
+    except PostgresUnavailable as e:
+        require(False, str(e))
 
 
 @pytest.fixture(scope="session")
@@ -118,16 +47,7 @@ def postgres_url(postgres_server) -> str:
 @pytest.fixture
 def fresh_database(postgres_server) -> str:
     """A new empty database on the throwaway server (isolates tests that share the server)."""
-    import uuid
-
-    from sqlalchemy import create_engine, text
-
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    engine = create_engine(postgres_server.url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as c:
-        c.execute(text(f"CREATE DATABASE {name}"))
-    engine.dispose()
-    return postgres_server.url.rsplit("/", 1)[0] + f"/{name}"
+    return postgres_server.new_database()
 
 
 @pytest.fixture(scope="session")

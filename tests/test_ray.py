@@ -4,6 +4,7 @@ parallel Ray tasks, a scheduler-stopped trial recorded as pruned."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,7 @@ def test_ray_backend_gives_the_same_rows_and_report_as_the_pool(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},  # one core each, no oversubscription
         )
         for path in (ray_study, pool_study)
     ]

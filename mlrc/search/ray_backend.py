@@ -11,6 +11,7 @@ median stopping) can stop a poor trial early: such a trial is recorded as PRUNED
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -60,7 +61,21 @@ class Job:
     heartbeat_s: int
 
     def context(self) -> Context:
-        return build_context(self.resolved, self.url, self.artifacts, self.device, progress=False)
+        """Built once per Ray process (actors are reused across trials): dataset loaded once."""
+        key = (self.resolved.study.name, self.url, self.artifacts, self.device)
+        if key not in _CONTEXTS:
+            _CONTEXTS[key] = build_context(
+                self.resolved, self.url, self.artifacts, self.device, progress=False
+            )
+        return _CONTEXTS[key]
+
+
+_CONTEXTS: dict[tuple, Context] = {}
+
+
+@functools.cache
+def _storage(url: str, heartbeat_s: int) -> Any:
+    return store.optuna_storage(url, heartbeat_interval=heartbeat_s)
 
 
 class _Searcher(OptunaSearch):
@@ -110,7 +125,7 @@ def _trainable(config: dict[str, Any], job: Job) -> None:
     if job.device == "cuda" and not _cuda():
         raise StudyError("--gpus-per-trial > 0 but this Ray worker sees no CUDA device")
     ctx = job.context()
-    storage = store.optuna_storage(ctx.url, heartbeat_interval=job.heartbeat_s)
+    storage = _storage(ctx.url, job.heartbeat_s)
     trial_id = storage.get_trial_id_from_study_id_trial_number(
         storage.get_study_id_from_name(ctx.name), number
     )
@@ -256,6 +271,7 @@ def run_search_ray(
                 search_alg=ConcurrencyLimiter(_searcher(job, storage), max_concurrent),
                 scheduler=scheduler,
                 num_samples=remaining,
+                reuse_actors=True,
             ),
             run_config=tune.RunConfig(
                 name=ctx.name,

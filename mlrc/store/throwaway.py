@@ -1,0 +1,114 @@
+"""A throwaway local PostgreSQL server: initdb in a temporary directory, loopback only, trust
+authentication, removed on exit. For the tests, the benchmarks and trying a worker pool on one
+machine; never for real studies (no password, no persistence)."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+
+class PostgresUnavailable(RuntimeError):
+    """No PostgreSQL server binaries here (or no user to run them as)."""
+
+
+def _bindir() -> Path | None:
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).parent
+    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return Path(versions[-1]).parent if versions else None
+
+
+class PostgresServer:
+    """``url`` (user ``mlrc``, database ``postgres``), ``restart()`` and ``stop()``."""
+
+    def __init__(self, bindir: Path, base: Path, port: int, as_user: list[str]) -> None:
+        self.bindir, self.base, self.port, self.as_user = bindir, base, port, as_user
+        self.datadir = base / "data"
+        self.url = f"postgresql+psycopg://mlrc@127.0.0.1:{port}/postgres"
+
+    def _run(self, tool: str, *args: str) -> None:
+        subprocess.run(
+            [*self.as_user, str(self.bindir / tool), *args], check=True, capture_output=True
+        )
+
+    def init(self) -> None:
+        self._run("initdb", "-D", str(self.datadir), "-U", "mlrc", "--auth=trust", "-E", "UTF8")
+
+    def start(self) -> None:
+        opts = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1"
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.datadir),
+            "-l",
+            str(self.base / "log"),
+            "-w",
+            "-o",
+            opts,
+            "start",
+        )
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.datadir), "-m", mode, "-w", "stop")
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop (every connection dropped), stay down ``down_s`` seconds, start again."""
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+
+    def new_database(self) -> str:
+        """URL of a new empty database on this server."""
+        import uuid
+
+        from sqlalchemy import create_engine, text
+
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        engine = create_engine(self.url, isolation_level="AUTOCOMMIT")
+        with engine.connect() as c:
+            c.execute(text(f"CREATE DATABASE {name}"))
+        engine.dispose()
+        return self.url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@contextlib.contextmanager
+def throwaway_postgres() -> Iterator[PostgresServer]:
+    """Start a server on a free port; stop it and delete its files on exit."""
+    bindir = _bindir()
+    if bindir is None:
+        raise PostgresUnavailable("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+    base = Path(tempfile.mkdtemp(prefix="mlrc-pg-"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # postgres refuses to run as root
+        import pwd
+
+        try:
+            pw = pwd.getpwnam("postgres")
+        except KeyError:
+            raise PostgresUnavailable(
+                "running as root and there is no 'postgres' user to run the server"
+            ) from None
+        os.chown(base, pw.pw_uid, pw.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = PostgresServer(bindir, base, port, as_user)
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        with contextlib.suppress(Exception):
+            server.stop("immediate")
+        shutil.rmtree(base, ignore_errors=True)
