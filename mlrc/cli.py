@@ -142,7 +142,9 @@ def data_baselines(
 
 study_app = typer.Typer(no_args_is_help=True, help="Studies: run the search, test, status.")
 app.add_typer(study_app, name="study")
-StorageOpt = Annotated[str, typer.Option("--storage", help="SQLAlchemy URL of the store")]
+StorageOpt = Annotated[
+    str, typer.Option("--storage", envvar="MLRC_STORAGE", help="SQLAlchemy URL of the store")
+]
 ArtifactsOpt = Annotated[Path, typer.Option("--artifacts", help="checkpoint directory")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress bars")]

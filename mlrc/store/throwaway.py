@@ -112,3 +112,13 @@ def throwaway_postgres() -> Iterator[PostgresServer]:
         with contextlib.suppress(Exception):
             server.stop("immediate")
         shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":  # python -m mlrc.store.throwaway: a server to try the pool on
+    import signal
+
+    with throwaway_postgres() as pg:
+        print(pg.new_database(), flush=True)
+        print("throwaway PostgreSQL running; Ctrl-C stops it and deletes its data", flush=True)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
