@@ -1,7 +1,7 @@
 """The store: mlrc's own tables beside Optuna's, in one SQL database (SQLite or PostgreSQL).
 
 Tables (prefix ``mlrc_``): ``study``, ``trial``, ``fold_run``, ``epoch_metric``, ``test_result``,
-``meta`` (schema version). Metric columns are fractions in [0, 1]. Every write is idempotent:
+``campaign_study`` (which studies a campaign holds), ``meta`` (schema version). Metric columns are fractions in [0, 1]. Every write is idempotent:
 rows have natural unique keys and are upserted, so re-running finished work writes nothing new.
 
 ``fold_run`` rows are keyed by (study, kind, params_hash, reproduction, fold): ``kind`` is
@@ -139,6 +139,18 @@ class TestResult(Base):
     # analysis metrics beside MAP@R: recall_at_1/2/4/8, nmi, map_at_1000 (fractions),
     # spectral_decay, pi_ratio, metrix_utilization (squared distance on unit vectors)
     extra: Mapped[dict | None] = mapped_column(JSON)
+
+
+class CampaignStudy(Base):
+    """Membership of a study in a campaign (a grid of studies: dataset × loss [× strategy])."""
+
+    __tablename__ = "mlrc_campaign_study"
+    __table_args__ = (UniqueConstraint("campaign", "study_id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    campaign: Mapped[str] = mapped_column(String(256), index=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("mlrc_study.id"))
+    position: Mapped[int] = mapped_column(Integer)  # order in the campaign file (table rows)
+    campaign_config: Mapped[dict] = mapped_column(JSON)  # the campaign file, resolved
 
 
 METRIC_COLUMNS = ("map_at_r", "precision_at_1", "r_precision")
