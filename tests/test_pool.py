@@ -88,8 +88,12 @@ def finish(workers: list[Worker], timeout: float = 600) -> None:
         assert PASSWORD not in w.output()
 
 
+_STORAGES: dict[str, optuna.storages.RDBStorage] = {}
+
+
 def optuna_trials(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
-    return optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+    storage = _STORAGES.setdefault(url, optuna.storages.RDBStorage(url))
+    return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
 
 
 def check_complete_study(url: str, name: str, trials: int, folds: int = 4) -> None:
@@ -98,8 +102,7 @@ def check_complete_study(url: str, name: str, trials: int, folds: int = 4) -> No
     states = [t.state for t in ts]
     assert states.count(TrialState.COMPLETE) == trials, states
     assert TrialState.RUNNING not in states and TrialState.WAITING not in states, states
-    engine = store.connect(url)
-    with store.session(engine) as s:
+    with store.session(_engine(url)) as s:
         sid = store.get_study(s, name).id
         runs = s.execute(select(FoldRun).filter_by(study_id=sid, kind="search")).scalars().all()
         mlrc_trials = s.execute(select(Trial).filter_by(study_id=sid)).scalars().all()
@@ -132,9 +135,19 @@ def test_three_workers_share_one_global_budget(tmp_path, fresh_database, omniglo
         assert "mlrc:***@" in w.output()
 
 
+_ENGINES: dict[str, object] = {}
+
+
+def _engine(url: str):
+    """One engine per database for the test's polling (an engine per poll would leak
+    connections until PostgreSQL refuses new clients)."""
+    if url not in _ENGINES:
+        _ENGINES[url] = store.connect(url)
+    return _ENGINES[url]
+
+
 def _running_fold_with_a_checkpoint(url: str, name: str) -> FoldRun | None:
-    engine = store.connect(url)
-    with store.session(engine) as s:
+    with store.session(_engine(url)) as s:
         sid = store.get_study(s, name)
         if sid is None:
             return None
@@ -162,7 +175,7 @@ def test_a_worker_killed_mid_fold_loses_nothing(tmp_path, fresh_database, omnigl
         time.sleep(0.2)
     assert victim is not None, "no fold reached its second epoch"
     worker, killed, fold = victim
-    engine = store.connect(url)
+    engine = _engine(url)
     with store.session(engine) as s:  # folds of the killed trial finished before the kill
         done_before = {
             r.fold: r.updated
