@@ -92,7 +92,9 @@ _STORAGES: dict[str, optuna.storages.RDBStorage] = {}
 
 
 def optuna_trials(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
-    storage = _STORAGES.setdefault(url, optuna.storages.RDBStorage(url))
+    if url not in _STORAGES:
+        _STORAGES[url] = optuna.storages.RDBStorage(url)
+    storage = _STORAGES[url]
     return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
 
 
