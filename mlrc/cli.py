@@ -379,28 +379,56 @@ def _print_status_by_name(engine, name: str) -> None:
 @app.command()
 def report(
     storage: StorageOpt = DEFAULT_STORAGE,
+    campaign: Annotated[
+        list[str] | None,
+        typer.Option("--campaign", help="campaign name (repeat): its studies in campaign order"),
+    ] = None,
     study: Annotated[list[str] | None, typer.Option("--study", help="study name (repeat)")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="md, csv or latex")] = "md",
+    fmt: Annotated[str, typer.Option("--format", help="md, csv, latex or html")] = "md",
     out: Annotated[Path | None, typer.Option("--out", help="write to this file")] = None,
+    standalone: Annotated[
+        bool, typer.Option("--standalone", help="LaTeX: a complete document for pdflatex")
+    ] = False,
 ) -> None:
-    """Test results with 95% CIs: separated (128-D) and concatenated (512-D), in percent."""
+    """Test results with 95% CIs: separated (128-D) and concatenated (512-D), in percent.
+
+    Per dataset a block. Bold: best mean in its column. Underlined: highest concat. MAP@R.
+
+    †: not significantly worse than the column's best (Welch's t-test, p ≥ 0.05).
+
+    With neither --campaign nor --study: every study in the store, by name."""
     from mlrc import store
+    from mlrc.report.tables import FORMATS
 
-    if fmt not in ("md", "csv", "latex"):
-        _fail(f"unknown format {fmt!r} (md, csv or latex)")
+    if fmt not in FORMATS:
+        _fail(f"unknown format {fmt!r} ({', '.join(FORMATS)})")
+    if standalone and fmt not in ("latex", "html"):
+        _fail("--standalone applies to --format latex (html is always a complete page)")
     with _user_errors():
-        _print_report(store.connect(storage), study, fmt, out)
+        _print_report(store.connect(storage), study, fmt, out, campaign, standalone)
 
 
-def _print_report(engine, studies: list[str] | None, fmt: str, out: Path | None = None) -> None:
-    from mlrc.report.tables import collect, render, summarize
+def _print_report(
+    engine,
+    studies: list[str] | None,
+    fmt: str,
+    out: Path | None = None,
+    campaigns: list[str] | None = None,
+    standalone: bool = False,
+) -> None:
+    from mlrc.report.tables import ReportError, collect, render, summarize
 
-    text = render(summarize(collect(engine, studies)), fmt)
+    try:
+        text = render(summarize(collect(engine, studies, campaigns)), fmt, standalone=standalone)
+    except ReportError as e:
+        from rich.markup import escape
+
+        _fail(escape(str(e)))
     if out is not None:
-        out.write_text(text)
+        out.write_text(text, encoding="utf-8")
         console.print(f"wrote {out}")
     else:
-        print(text)
+        print(text, end="" if text.endswith("\n") else "\n")
 
 
 @app.command()
@@ -460,6 +488,16 @@ def demo(
         soft_wrap=True,
     )
 
+
+def _add_subapps() -> None:
+    from mlrc.campaign import campaign_app
+    from mlrc.report.dashboard import dashboard_app
+
+    app.add_typer(campaign_app, name="campaign")
+    app.add_typer(dashboard_app, name="dashboard")
+
+
+_add_subapps()
 
 if __name__ == "__main__":
     app()

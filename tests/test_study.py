@@ -148,6 +148,7 @@ def test_report_formats_and_ci_against_scipy(finished_study, tmp_path):
         "study",
         "dataset",
         "loss",
+        "strategy",
         "mode",
         "metric",
         "mean",
@@ -155,6 +156,10 @@ def test_report_formats_and_ci_against_scipy(finished_study, tmp_path):
         "n",
         "low",
         "high",
+        "best",
+        "best_row",
+        "p_value",
+        "not_worse",
     ]
     assert len(table) == 6 and (table["n"] == 2).all()
     stored = [r for r in rows(url, TestResult) if r.fold == -1]

@@ -299,7 +299,7 @@ def connect(url: str) -> Engine:
                         f"reads version {SCHEMA_VERSION}"
                     )
             if engine.dialect.name == "postgresql":  # Optuna's tables, created once, serialised
-                optuna_storage(url)
+                optuna_storage(url).engine.dispose()
     except (OperationalError, DatabaseError) as e:
         raise StoreError(f"{redact(url)}: {_first_line(e)}") from None
     return engine
