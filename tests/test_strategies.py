@@ -91,6 +91,21 @@ def test_config_adds_the_strategy_space_and_checks_the_loss(tmp_path):
         load_study(_study(tmp_path, "contrastive", strategy={"name": "rho"}))
 
 
+@pytest.mark.parametrize("loss", ["contrastive", "multi_similarity", "proxy_anchor"])
+def test_metrix_is_accepted_with_the_losses_it_supports(tmp_path, loss):
+    r = load_study(_study(tmp_path, loss, strategy={"name": "metrix"}))
+    assert any(k.startswith("strategy.") for k in {**r.space, **r.fixed})
+
+
+def test_metrix_with_another_loss_is_refused_before_training(tmp_path):
+    with pytest.raises(
+        ConfigError,
+        match="'metrix' works with the losses contrastive, multi_similarity, proxy_anchor; "
+        "not 'triplet'",
+    ):
+        load_study(_study(tmp_path, "triplet", strategy={"name": "metrix"}))
+
+
 @pytest.mark.parametrize("loss", ["contrastive", "triplet", "margin", "snr"])
 def test_rho_distance_trains_tuple_losses_on_omniglot(loss, tmp_path, omniglot_ds):
     res = train_tiny_fold(

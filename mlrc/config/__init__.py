@@ -415,7 +415,13 @@ def _resolve_strategy(study: StudyConfig, spec: Any, source: str) -> tuple[dict,
         accepted = strategies.params(ref.name)
     except RegistryError as e:
         raise ConfigError(f"{source}: strategy.name: {e}") from None
-    if not strategies.STRATEGIES.get(ref.name)().uses_miner:
+    strategy = strategies.STRATEGIES.get(ref.name)()
+    if strategy.losses is not None and spec.name not in strategy.losses:
+        raise ConfigError(
+            f"{source}: strategy: {ref.name!r} works with the losses "
+            f"{', '.join(sorted(strategy.losses))}; not {spec.name!r}"
+        )
+    if not strategy.uses_miner:
         if study.miner is not None:
             raise ConfigError(f"{source}: strategy {ref.name!r} mines its own tuples: remove miner")
         if not _takes_tuples(spec.name):

@@ -23,6 +23,7 @@ class Strategy(nn.Module):
     """The plain protocol step; subclasses change what is fed to the loss."""
 
     uses_miner = True  # False: the strategy chooses the tuples itself (a study's miner is refused)
+    losses: frozenset[str] | None = None  # the losses it works with (None: any)
 
     def batch_loss(
         self, model: nn.Module, loss_fn: nn.Module, miner: nn.Module | None, x: Tensor, y: Tensor

@@ -273,6 +273,8 @@ def _hardest(neg: Tensor, hardness: Tensor, k: int) -> Tensor:
 
 
 class Metrix(Strategy):
+    losses = frozenset(SUPPORTED_LOSSES)
+
     def __init__(self, mixup: str, a: float, w: float, pairs: str, k: int) -> None:
         super().__init__()
         if mixup not in MIXUPS:
