@@ -247,7 +247,7 @@ def test_loss_items_map_onto_the_study_loss_and_default_spaces(tmp_path):
             {"name": "triplet", "search": {"margin": {"low": 0.01, "high": 0.5, "log": True}}},
             {"name": "ntxent", "enqueue": [{"temperature": 0.1}]},
         ],
-        strategies=[None, "metrix"],
+        strategies=[None, "rho_distance"],  # crossed with every loss: one for tuple losses
     )
     plan = dict((c.name, r) for c, r in resolve_campaign(parse_campaign(doc)))
     assert plan["camp-glyphs-contrastive"].space == default_space("contrastive")
@@ -256,10 +256,10 @@ def test_loss_items_map_onto_the_study_loss_and_default_spaces(tmp_path):
     assert plan["camp-glyphs-triplet"].space["margin"].log is True
     assert plan["camp-glyphs-ntxent"].study.search.enqueue == [{"temperature": 0.1}]
     assert plan["camp-glyphs-contrastive"].study.search.enqueue == []
-    metrix = plan["camp-glyphs-contrastive-metrix"]
-    assert metrix.study.strategy.name == "metrix"
-    assert {k for k in metrix.space if k.startswith("strategy.")} == {
-        "strategy." + k for k in default_space("metrix", REPO / "studies/spaces/strategies")
+    rho = plan["camp-glyphs-contrastive-rho_distance"]
+    assert rho.study.strategy.name == "rho_distance"
+    assert {k for k in rho.space if k.startswith("strategy.")} == {
+        "strategy." + k for k in default_space("rho_distance", REPO / "studies/spaces/strategies")
     }
 
 
