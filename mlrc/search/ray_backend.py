@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,11 +32,13 @@ from mlrc.search.study import (
     HEARTBEAT_S,
     Context,
     StudyError,
+    _finish_trial,
     _Heartbeat,
     _objective,
     _recover_interrupted,
     build_context,
     finished,
+    heartbeat_storage,
     optuna_study,
     run_fold,
     sequential_folds,
@@ -141,19 +144,13 @@ def _trainable(config: dict[str, Any], job: Job) -> None:
             value, reason = _objective(ctx, number, params, on_fold=on_fold, folds=folds)
         except Exception as e:  # noqa: BLE001 — recorded as the trial's reason, not lost
             reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
-            _fail_trial(ctx, number, reason)
+            _finish_trial(ctx, number, "failed", None, None, reason)
             value = None
     if reason is not None:
         storage.set_trial_user_attr(trial_id, "reason", reason)
         tune.report({"map_at_r": 0.0, "folds_done": n, "final": True, "failed": reason})
     else:
         tune.report({"map_at_r": value, "folds_done": n, "final": True})
-
-
-def _fail_trial(ctx: Context, number: int, reason: str) -> None:
-    from mlrc.search.study import _finish_trial
-
-    _finish_trial(ctx, number, "failed", None, None, reason)
 
 
 def _cuda() -> bool:
@@ -300,18 +297,9 @@ def _absolute(url: str) -> str:
 def _fail_stale(ctx: Context, grace: int, heartbeat_s: int) -> None:
     """On a shared database: trials of a dead driver or pool worker (no heartbeat for
     ``grace`` seconds) are failed and their parameters retried."""
-    import warnings
-
-    from mlrc.search.study import _on_stale
-
-    storage = store.optuna_storage(
-        ctx.url,
-        heartbeat_interval=heartbeat_s,
-        grace_period=grace,
-        heartbeat_stale_trial_callback=lambda st, t: _on_stale(ctx, st, t, grace),
-    )
+    storage = heartbeat_storage(ctx, heartbeat_s, grace)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(optuna.load_study(study_name=ctx.name, storage=storage))
 
 

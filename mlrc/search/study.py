@@ -247,13 +247,7 @@ def run_search(
     worker that dies leaves its trial without heartbeat; after ``grace_s`` (default 4 ×
     ``heartbeat_s``) another worker fails it and retries its parameters, reusing finished folds.
     """
-    grace = grace_s or 4 * heartbeat_s
-    storage = store.optuna_storage(
-        ctx.url,
-        heartbeat_interval=heartbeat_s,
-        grace_period=grace,
-        heartbeat_stale_trial_callback=lambda st, t: _on_stale(ctx, st, t, grace),
-    )
+    storage = heartbeat_storage(ctx, heartbeat_s, grace_s or 4 * heartbeat_s)
     ostudy = optuna_study(ctx, storage)
     study_id = store.retry(
         lambda: storage.get_study_id_from_name(ctx.name), ctx.engine, "reading the study"
@@ -277,6 +271,17 @@ def run_search(
         with _Heartbeat(storage, claim.trial_id, heartbeat_s):
             value, reason = _objective(ctx, claim.trial.number, claim.params)
         _tell(ctx, ostudy, claim, value, reason)
+
+
+def heartbeat_storage(ctx: Context, heartbeat_s: int, grace_s: int) -> Any:
+    """Optuna storage whose stale trials (no heartbeat for ``grace_s``) are failed with the
+    reason and retried with the same parameters (:func:`_on_stale`)."""
+    return store.optuna_storage(
+        ctx.url,
+        heartbeat_interval=heartbeat_s,
+        grace_period=grace_s,
+        heartbeat_stale_trial_callback=lambda st, t: _on_stale(ctx, st, t, grace_s),
+    )
 
 
 def _claim(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> _Claim | str | None:
