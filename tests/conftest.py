@@ -73,6 +73,7 @@ def train_tiny_fold(
     iterations: int = 3,
     val_classes=None,
     loss_lr: float | None = None,
+    preset_overrides: dict | None = None,
     **spec,
 ):
     """Fold 0 of the mlrc split, one epoch of ``iterations`` with the cpu preset; extra FoldSpec
@@ -83,7 +84,9 @@ def train_tiny_fold(
     from mlrc.train.fold import FoldSpec, train_fold
 
     fold = mlrc_split(ds.labels, scheme="mlrc").folds[0]
-    preset = load_preset("cpu", {"iterations_per_epoch": iterations, "max_epochs": 1})
+    preset = load_preset(
+        "cpu", {"iterations_per_epoch": iterations, "max_epochs": 1, **(preset_overrides or {})}
+    )
     if loss_lr is None and losses.info(loss).has_parameters:
         loss_lr = 1e-3
     return train_fold(

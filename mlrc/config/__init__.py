@@ -95,6 +95,10 @@ class SearchSpec(_Strict):
     sampler: Literal["gp", "tpe"] | None = None
     seed: int = 0
     enqueue: list[dict[str, Any]] = []
+    # Opt-in pruning (off in the reference preset): after fold k, stop a trial whose running
+    # mean of fold MAP@R is below the median of earlier trials' running means after fold k.
+    pruner: Literal["none", "median"] | None = None
+    prune_startup: int | None = Field(None, ge=0)  # complete trials before any pruning
 
 
 class TestSpec(_Strict):
@@ -120,6 +124,14 @@ class Preset(_Strict):
     split_scheme: Literal["kfold", "mlrc"] = "mlrc"
     num_workers: int = Field(0, ge=0)
     eval_batch_size: int = Field(32, gt=0)
+    # Fast paths (DESIGN: "Performance" in the README). Off unless said otherwise; each falls
+    # back to a no-op where the device lacks it (cudnn, pinned memory on CPU).
+    amp: Literal["off", "bf16", "fp16"] = "off"  # autocast dtype of forward passes
+    channels_last: bool = False  # NHWC memory format for the trunk and its inputs
+    cudnn_benchmark: bool = False  # torch.backends.cudnn.benchmark (CUDA only)
+    pin_memory: bool = False  # page-locked batches + non_blocking copies (CUDA only)
+    persistent_workers: bool = False  # keep DataLoader workers between epochs (num_workers > 0)
+    decoded_cache: bool = False  # decoded, resized uint8 images in a memory-mapped file
     search: SearchSpec = SearchSpec(trials=50, sampler="gp")
     test: TestSpec = TestSpec(reproductions=10)
 
@@ -192,11 +204,47 @@ class ResolvedStudy(_Strict):
     trials: int
     sampler: Literal["gp", "tpe"]
     reproductions: int
+    pruner: Literal["none", "median"] = "none"
+    prune_startup: int = 5
     source: str = ""
 
     def fingerprint(self) -> dict[str, Any]:
-        """JSON-able content that defines the study (used to detect a changed study file)."""
-        return self.model_dump(mode="json", exclude={"source"}, by_alias=True)
+        """JSON-able content that defines the study (used to detect a changed study file).
+
+        Fields added after a store was written are left out while at their default, so a study
+        started by an earlier mlrc version still matches its unchanged file."""
+        out = self.model_dump(mode="json", exclude={"source"}, by_alias=True)
+        for path, default in _LATER_FIELDS.items():
+            *parents, key = path
+            node = out
+            for p in parents:
+                node = node.get(p) or {}
+            if key in node and node[key] == default:
+                del node[key]
+        return out
+
+
+# Fields added in mlrc 0.2 (performance and pruning), with the value that means "as before".
+_LATER_FIELDS: dict[tuple[str, ...], Any] = {
+    **{
+        ("preset", k): v
+        for k, v in {
+            "amp": "off",
+            "channels_last": False,
+            "cudnn_benchmark": False,
+            "pin_memory": False,
+            "persistent_workers": False,
+            "decoded_cache": False,
+        }.items()
+    },
+    **{
+        (part, "search", k): None
+        for part in ("study", "preset")
+        for k in ("pruner", "prune_startup")
+    },
+    ("pruner",): "none",
+    ("prune_startup",): 5,
+}
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -352,8 +400,14 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
         trials=trials,
         sampler=study.search.sampler or preset.search.sampler or "gp",
         reproductions=study.test.reproductions or preset.test.reproductions or 2,
+        pruner=study.search.pruner or preset.search.pruner or "none",
+        prune_startup=_first_set(study.search.prune_startup, preset.search.prune_startup, 5),
         source=source,
     )
+
+
+def _first_set(*values: int | None) -> int:
+    return next(v for v in values if v is not None)
 
 
 def _check_sampler(ref: SamplerRef, source: str) -> None:

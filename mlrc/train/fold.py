@@ -108,14 +108,50 @@ class _Indexed(Dataset):
 
 
 class Model(torch.nn.Module):
-    """Trunk → Embedder (one Linear, no ReLU). Outputs are *not* normalised."""
+    """Trunk → Embedder (one Linear, no ReLU). Outputs are *not* normalised, always float32.
+
+    ``fast_paths`` sets the preset's mixed precision (autocast of the forward pass only: losses
+    and metrics stay in float32) and channels_last memory format; neither changes the weights'
+    names, so checkpoints are the same either way."""
 
     def __init__(self, trunk: torch.nn.Module, embedder: torch.nn.Module) -> None:
         super().__init__()
         self.trunk, self.embedder = trunk, embedder
+        self.amp_dtype: torch.dtype | None = None
+        self.channels_last = False
+
+    def fast_paths(self, amp: str, channels_last: bool) -> Model:
+        self.amp_dtype = AMP_DTYPES[amp]
+        self.channels_last = channels_last
+        if channels_last:
+            self.to(memory_format=torch.channels_last)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.embedder(self.trunk(x))
+        if self.channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if self.amp_dtype is None:
+            return self.embedder(self.trunk(x))
+        with torch.autocast(x.device.type, dtype=self.amp_dtype):
+            return self.embedder(self.trunk(x)).float()
+
+
+AMP_DTYPES: dict[str, torch.dtype | None] = {
+    "off": None,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
+
+def loader_options(preset: Preset, device: str) -> dict[str, Any]:
+    """DataLoader fast paths of the preset: pinned memory only when copying to a CUDA device,
+    persistent workers only with worker processes (both are no-ops otherwise)."""
+    cuda = torch.device(device).type == "cuda"
+    return {
+        "num_workers": preset.num_workers,
+        "pin_memory": preset.pin_memory and cuda,
+        "persistent_workers": preset.persistent_workers and preset.num_workers > 0,
+    }
 
 
 def build_model(preset: Preset, *, pretrained: bool | str | None = None) -> Model:
@@ -134,13 +170,23 @@ def load_model(preset: Preset, checkpoint: str | Path, device: str = "cpu") -> M
 
 @torch.no_grad()
 def embed(
-    model: Model, dataset: Dataset, batch_size: int, device: str, num_workers: int = 0
+    model: Model,
+    dataset: Dataset | DataLoader,
+    batch_size: int,
+    device: str,
+    num_workers: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Embeddings (n × d float32, not normalised) and labels of ``dataset``, in order."""
+    """Embeddings (n × d float32, not normalised) and labels of ``dataset``, in order.
+    A ready ``DataLoader`` (e.g. with pinned memory and persistent workers) is used as given."""
     model.eval()
     out, labels = [], []
-    for x, y in DataLoader(dataset, batch_size=batch_size, num_workers=num_workers):
-        out.append(model(x.to(device)).float().cpu())
+    loader = (
+        dataset
+        if isinstance(dataset, DataLoader)
+        else DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+    )
+    for x, y in loader:
+        out.append(model(x.to(device, non_blocking=loader.pin_memory)).float().cpu())
         labels.append(y)
     return torch.cat(out).numpy(), torch.cat(labels).numpy()
 
@@ -165,7 +211,11 @@ def train_fold(
         )
 
     torch.manual_seed(spec.seed)
-    model = build_model(p).to(spec.device)
+    model = build_model(p).to(spec.device).fast_paths(p.amp, p.channels_last)
+    if torch.device(spec.device).type == "cuda":
+        torch.backends.cudnn.benchmark = p.cudnn_benchmark
+    scaler = torch.amp.GradScaler(torch.device(spec.device).type, enabled=p.amp == "fp16")
+    data_opts = loader_options(p, spec.device)
     info = losses.info(spec.loss)
     loss_fn = losses.build(
         spec.loss,
@@ -212,6 +262,8 @@ def train_fold(
         **spec.sampler_params,
     )
     indexed_train_set = _Indexed(train_set)
+    train_loader = DataLoader(indexed_train_set, batch_sampler=sampler, **data_opts)
+    val_loader = DataLoader(val_set, batch_size=p.eval_batch_size, **data_opts)
     validate_every = p.per_dataset("validate_every", spec.dataset_name)
     patience = p.per_dataset("patience", spec.dataset_name)
 
@@ -232,7 +284,7 @@ def train_fold(
         t0 -= state["wall_time_s"]
 
     def validate(epoch: int, train_loss: float | None) -> EpochRecord | str:
-        emb, lab = embed(model, val_set, p.eval_batch_size, spec.device, p.num_workers)
+        emb, lab = embed(model, val_loader, p.eval_batch_size, spec.device)
         if not np.isfinite(emb).all():
             return f"non-finite embeddings at validation, epoch {epoch}"
         m = retrieval_metrics(emb, lab, device=spec.device)
@@ -307,8 +359,7 @@ def train_fold(
                 model.train()
                 if p.freeze_batchnorm:
                     freeze_batchnorm(model.trunk)
-            loader = DataLoader(indexed_train_set, batch_sampler=sampler, num_workers=p.num_workers)
-            for x, y, idx in loader:
+            for x, y, idx in train_loader:
                 it = (epoch - 1) * p.iterations_per_epoch + n + 1
                 captured: list[torch.Tensor] = []  # the batch's clean embeddings, for the bank
                 hook = (
@@ -320,7 +371,11 @@ def train_fold(
                 )
                 try:
                     loss = strategy.batch_loss(
-                        model, loss_fn, miner, x.to(spec.device), y.to(spec.device)
+                        model,
+                        loss_fn,
+                        miner,
+                        x.to(spec.device, non_blocking=train_loader.pin_memory),
+                        y.to(spec.device, non_blocking=train_loader.pin_memory),
                     )
                 finally:
                     if hook is not None:
@@ -332,10 +387,11 @@ def train_fold(
                 opt.zero_grad(set_to_none=True)
                 if loss_opt is not None:
                     loss_opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+                scaler.scale(loss).backward()  # fp16: scaled gradients; otherwise as is
+                scaler.step(opt)
                 if loss_opt is not None:
-                    loss_opt.step()
+                    scaler.step(loss_opt)
+                scaler.update()
                 loss_sum, n = loss_sum + loss.item(), n + 1
                 bar.update(1)
                 bar.set_postfix(
