@@ -212,6 +212,7 @@ def test_csv_is_tidy_with_strategy_p_value_and_not_worse(url):
         "dataset",
         "loss",
         "strategy",
+        "pruner",
         "mode",
         "metric",
         "mean",
@@ -430,6 +431,7 @@ def test_standalone_latex_compiles_with_pdflatex(url, tmp_path):
 
 
 def test_special_characters_are_escaped_and_still_compile(tmp_path):
+    """Also: a study searched with pruning is marked ‡ in every format, with the note."""
     url = f"sqlite:///{tmp_path / 'store.db'}"
     engine = store.connect(url)
     with store.session(engine) as s:
@@ -440,7 +442,7 @@ def test_special_characters_are_escaped_and_still_compile(tmp_path):
                 loss=loss,
                 strategy=strategy,
                 preset="cpu",
-                config={},
+                config={"pruner": "median"} if loss == "plain" else {},
                 code_version="test",
             )
             s.add(st)
@@ -460,6 +462,14 @@ def test_special_characters_are_escaped_and_still_compile(tmp_path):
     tex = cli("report", "--storage", url, "--format", "latex", "--standalone").stdout
     assert r"a\_b\&c\%d\#e + x\$y\{z\}\textasciitilde{}\textasciicircum{}\textbackslash{}" in tex
     assert r"set\_1 \& 50\% \#2" in tex
+    assert (
+        r"\underline{plain $^{\ddagger}$}" in tex and r"$^{\ddagger}$ searched with opt-in" in tex
+    )
     _compile(tex, tmp_path)
+    md = cli("report", "--storage", url, "--format", "md").stdout
+    assert "| <ins>plain ‡</ins> |" in md and "‡ searched with opt-in median pruning" in md
+    assert md.count("‡") == 2  # the pruned row and the note, not the unpruned row
+    csv = pd.read_csv(io.StringIO(cli("report", "--storage", url, "--format", "csv").stdout))
+    assert set(zip(csv["study"], csv["pruner"], strict=True)) == {("s0", "none"), ("s1", "median")}
     page = cli("report", "--storage", url, "--format", "html").stdout
     assert "a_b&amp;c%d#e + x$y{z}~^\\" in page and "set_1 &amp; 50% #2" in page

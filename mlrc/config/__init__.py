@@ -8,11 +8,21 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS_DIR = REPO / "studies" / "presets"
@@ -48,6 +58,13 @@ class ParamSpace(_Strict):
                 raise ValueError("give either choices or low/high, not both")
             if not self.choices:
                 raise ValueError("choices is empty")
+            bad = [
+                c for c in self.choices if not isinstance(c, (bool, int, float, str, type(None)))
+            ]
+            if bad:  # Optuna's categorical distribution takes these only
+                raise ValueError(
+                    f"choices must be numbers, strings, booleans or null, not {type(bad[0]).__name__}"
+                )
             return self
         if self.low is None or self.high is None:
             raise ValueError("needs low and high (or choices)")
@@ -59,6 +76,12 @@ class ParamSpace(_Strict):
             raise ValueError(f"a log range must be > 0, got low = {self.low}")
         if self.log and self.step is not None:
             raise ValueError("step cannot be used with log")
+        if self.step is not None and not self.step > 0:
+            raise ValueError(f"step must be > 0, got {self.step}")
+        if self.int_ and not all(
+            float(x).is_integer() for x in (self.low, self.high, self.step or 1)
+        ):
+            raise ValueError("an int range needs whole numbers for low, high and step")
         return self
 
 
@@ -93,7 +116,7 @@ class LossOptimizerSpec(_Strict):
 class SearchSpec(_Strict):
     trials: int | None = Field(None, ge=1)
     sampler: Literal["gp", "tpe"] | None = None
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**31 - 1)  # Optuna/NumPy and faiss take 31-bit seeds
     enqueue: list[dict[str, Any]] = []
     # Opt-in pruning (off in the reference preset): after fold k, stop a trial whose running
     # mean of fold MAP@R is below the median of earlier trials' running means after fold k.
@@ -102,7 +125,17 @@ class SearchSpec(_Strict):
 
 
 class TestSpec(_Strict):
-    reproductions: int | None = Field(None, ge=2)
+    reproductions: int | None = None
+
+    @field_validator("reproductions")
+    @classmethod
+    def _enough_for_a_ci(cls, n: int | None) -> int | None:
+        if n is not None and n < 2:
+            raise ValueError(
+                "Input should be greater than or equal to 2 "
+                f"(a confidence interval needs at least 2 reproductions; got {n})"
+            )
+        return n
 
 
 class Preset(_Strict):
@@ -154,6 +187,17 @@ class DatasetRef(_Strict):
     name: str
     root: str | None = None
     params: dict[str, Any] = {}
+
+    @field_validator("root")
+    @classmethod
+    def _usable_path(cls, root: str | None) -> str | None:
+        if root is not None and "\0" in root:
+            raise ValueError("a path cannot contain a NUL character")
+        try:
+            Path(root or ".").expanduser()
+        except RuntimeError:  # ~name of an unknown user
+            raise ValueError(f"{root}: unknown user in '~'") from None
+        return root
 
 
 class LossRef(_Strict):
@@ -214,6 +258,8 @@ class ResolvedStudy(_Strict):
         Fields added after a store was written are left out while at their default, so a study
         started by an earlier mlrc version still matches its unchanged file."""
         out = self.model_dump(mode="json", exclude={"source"}, by_alias=True)
+        for key in RUNTIME_ONLY:  # how fast, not what is computed: may change on resume
+            out["preset"].pop(key, None)
         for path, default in _LATER_FIELDS.items():
             *parents, key = path
             node = out
@@ -223,6 +269,10 @@ class ResolvedStudy(_Strict):
                 del node[key]
         return out
 
+
+# Preset fields that change speed, not the numbers (beyond float noise): not part of a study's
+# identity, so a study can be resumed with them switched.
+RUNTIME_ONLY = ("cudnn_benchmark", "pin_memory", "persistent_workers", "decoded_cache")
 
 # Fields added in mlrc 0.2 (performance and pruning), with the value that means "as before".
 _LATER_FIELDS: dict[tuple[str, ...], Any] = {
@@ -250,13 +300,43 @@ _LATER_FIELDS: dict[tuple[str, ...], Any] = {
 # --- loading -----------------------------------------------------------------------------------
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key written twice in one mapping (PyYAML keeps the
+    last one silently). Keys brought in by a ``<<`` merge may still be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # unhashable: SafeLoader says so below
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep)
+
+
 def load_yaml(path: Path) -> Any:
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
     try:
-        return yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = raw[: e.start].decode("utf-8")
+        line, column = before.count("\n") + 1, len(before) - before.rfind("\n")
+        raise ConfigError(
+            f"{path}: line {line}, column {column}: not UTF-8 text (byte 0x{raw[e.start]:02x})"
+        ) from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -274,23 +354,56 @@ def _format_error(source: str, err: ValidationError, model: type[BaseModel]) -> 
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"{source}: unknown key {loc!r}{hint}"
     msg = e["msg"].removeprefix("Value error, ")
+    msg = re.sub(r" or instance of \w+$", "", msg)  # our class names mean nothing to a user
+    if e["loc"][-1:] == ("[key]",):  # a mapping key that is not a string
+        *parent, key = e["loc"][:-1]
+        loc = ": ".join([".".join(str(p) for p in parent), f"key {key!r}"]).removeprefix(": ")
     return f"{source}: {loc}: {msg}" if loc else f"{source}: {msg}"
 
 
 def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names (and aliases) of the model at ``loc`` ([] where there is none)."""
+    found = _model_at(model, loc)
+    if found is None:
+        return []
+    return list(found.model_fields) + [f.alias for f in found.model_fields.values() if f.alias]
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The model at ``loc``: through fields, list items, dict values and ``X | None``."""
+    node: Any = model
     for part in loc:
-        field = model.model_fields.get(str(part)) if isinstance(model, type) else None
-        ann = getattr(field, "annotation", None)
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return []
-        model = ann
-    fields = list(model.model_fields)
-    return fields + [f.alias for f in model.model_fields.values() if f.alias]
+        node = _unwrap_optional(node)
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            fields = {f.alias or name: f for name, f in node.model_fields.items()}
+            field = node.model_fields.get(str(part)) or fields.get(str(part))
+            node = field.annotation if field is not None else None
+        elif typing.get_origin(node) in (list, dict):
+            node = typing.get_args(node)[-1]  # the item or value type
+        else:
+            return None
+    node = _unwrap_optional(node)
+    return node if isinstance(node, type) and issubclass(node, BaseModel) else None
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def not_a_mapping(data: Any, source: str) -> str:
+    """The message for a file (or value) that should be a mapping of keys but is not."""
+    if data is None:
+        return f"{source}: empty (expected a mapping of keys)"
+    return f"{source}: expected a mapping of keys, got {type(data).__name__}"
 
 
 def _validate(model: type[BaseModel], data: Any, source: str) -> Any:
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
+        raise ConfigError(not_a_mapping(data, source))
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -309,26 +422,34 @@ def load_preset(
             close = difflib.get_close_matches(name_or_path, names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(
-                f"{source or 'study'}: unknown preset {name_or_path!r}{hint} "
+                f"{source or 'study'}: preset: unknown preset {name_or_path!r}{hint} "
                 f"(available: {', '.join(names)}, or a path to a preset YAML)"
             )
+    elif not path.is_file():
+        raise ConfigError(
+            f"{source or 'study'}: preset: {name_or_path} is not a file "
+            f"(looked for {path.absolute()})"
+        )
     data = load_yaml(path)
-    if overrides:
+    if overrides and isinstance(data, dict):
         data = _deep_merge(data, overrides, f"{source}: overrides" if source else "overrides")
     return _validate(
         Preset, data, str(path) if not overrides else f"{source}: preset {path.name} + overrides"
     )
 
 
-def _deep_merge(base: dict, over: dict, where: str) -> dict:
+def _deep_merge(base: dict, over: dict, where: str, loc: tuple = ()) -> dict:
+    """``over`` merged into ``base``; a key checked against the preset's fields at ``loc``
+    (free-form tables such as ``validate_every`` take any key)."""
     out = dict(base)
+    fields = _fields_at(Preset, loc) if _model_at(Preset, loc) is not None else None
     for k, v in over.items():
-        if k not in base and k not in Preset.model_fields:
-            close = difflib.get_close_matches(k, list(Preset.model_fields), n=1)
+        if fields is not None and k not in base and k not in fields:
+            close = difflib.get_close_matches(str(k), fields, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{where}: unknown preset field {k!r}{hint}")
         out[k] = (
-            _deep_merge(base[k], v, f"{where}.{k}")
+            _deep_merge(base[k], v, f"{where}.{k}", (*loc, k))
             if isinstance(v, dict) and isinstance(base.get(k), dict)
             else v
         )
@@ -360,6 +481,7 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
             f"{source}: dataset.name: unknown dataset {study.dataset.name!r}{hint} "
             f"(available: {', '.join(data.available())})"
         )
+    _check_dataset_params(study.dataset, source)
     preset = load_preset(study.preset, study.overrides, source)
     if study.loss.search is not None:
         space = study.loss.search
@@ -370,7 +492,8 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
         for k in names:
             if k not in accepted:
                 raise ConfigError(
-                    f"{source}: {where}.{k}: loss {spec.name!r} takes no parameter {k!r} "
+                    f"{source}: {where}.{k}: loss {spec.name!r} takes no parameter {k!r}"
+                    f"{did_you_mean(k, accepted)} "
                     f"(it takes: {', '.join(sorted(accepted)) or 'none'})"
                 )
     both = set(study.loss.params) & set(space)
@@ -392,6 +515,7 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
             f"{source}: search.trials = {trials} but the search space is empty "
             "(nothing to search: use trials: 1)"
         )
+    _check_enqueue(study.search.enqueue, space, source)
     return ResolvedStudy(
         study=study,
         preset=preset,
@@ -404,6 +528,59 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
         prune_startup=_first_set(study.search.prune_startup, preset.search.prune_startup, 5),
         source=source,
     )
+
+
+def _check_dataset_params(ref: DatasetRef, source: str) -> None:
+    """Each ``dataset.params`` key against the dataset's keyword arguments (a dataset whose
+    factory takes ``**kwargs`` is checked when it is built)."""
+    import inspect
+
+    from mlrc import data
+
+    params = inspect.signature(data.DATASETS.get(ref.name)).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [k for k in params if k != "root"]
+    for k in ref.params:
+        if k not in accepted:
+            raise ConfigError(
+                f"{source}: dataset.params.{k}: dataset {ref.name!r} takes no parameter {k!r}"
+                f"{did_you_mean(k, accepted)} "
+                f"(it takes: {', '.join(accepted) or 'none'})"
+            )
+
+
+def _check_enqueue(
+    enqueue: list[dict[str, Any]], space: dict[str, ParamSpace], source: str
+) -> None:
+    """Each enqueued trial names searched parameters only, with values inside their ranges."""
+    for i, params in enumerate(enqueue):
+        for k, v in params.items():
+            where = f"{source}: search.enqueue.{i}.{k}"
+            if k not in space:
+                raise ConfigError(
+                    f"{where}: {k!r} is not searched (searched: {', '.join(space) or 'nothing'})"
+                )
+            problem = _outside(space[k], v)
+            if problem:
+                raise ConfigError(f"{where}: {problem}")
+
+
+def _outside(s: ParamSpace, v: Any) -> str | None:
+    """Why ``v`` cannot be a value of ``s`` (None: it can)."""
+    if s.choices is not None:
+        return None if v in s.choices else f"{v!r} is not one of the choices {s.choices}"
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return f"{v!r} is not a number"
+    if not s.low <= v <= s.high:
+        return f"{v} is outside the range [{s.low}, {s.high}]"
+    return None
+
+
+def did_you_mean(name: str, options: Any) -> str:
+    """``"; did you mean 'x'?"`` for the option closest to ``name``, or ""."""
+    close = difflib.get_close_matches(str(name), [str(o) for o in options], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _first_set(*values: int | None) -> int:
@@ -422,7 +599,8 @@ def _check_sampler(ref: SamplerRef, source: str) -> None:
         if k not in accepted:
             raise ConfigError(
                 f"{source}: sampler.params.{k}: sampler {ref.name!r} takes no "
-                f"parameter {k!r} (it takes: {', '.join(accepted) or 'none'})"
+                f"parameter {k!r}{did_you_mean(k, accepted)} "
+                f"(it takes: {', '.join(accepted) or 'none'})"
             )
 
 
@@ -449,7 +627,8 @@ def _plugin_space(kind: str, ref: Any, accepted: dict[str, Any], source: str) ->
         for k in names:
             if k not in accepted:
                 raise ConfigError(
-                    f"{source}: {where}.{k}: {kind} {ref.name!r} takes no parameter {k!r} "
+                    f"{source}: {where}.{k}: {kind} {ref.name!r} takes no parameter {k!r}"
+                    f"{did_you_mean(k, accepted)} "
                     f"(it takes: {', '.join(accepted) or 'none'})"
                 )
     prefix = f"{kind}."

@@ -57,6 +57,7 @@ VALUE_COLUMNS = [
     "dataset",
     "loss",
     "strategy",
+    "pruner",
     "reproduction",
     "mode",
     "metric",
@@ -67,6 +68,7 @@ TIDY_COLUMNS = [
     "dataset",
     "loss",
     "strategy",
+    "pruner",
     "mode",
     "metric",
     "mean",
@@ -88,6 +90,16 @@ LEGEND = [
     f"{DAGGER} not significantly worse than the column's best at p ≥ 0.05 (Welch's t-test over "
     "reproductions); the best row itself is not marked.",
 ]
+DDAGGER = "‡"
+PRUNED_NOTE = (
+    f"{DDAGGER} searched with opt-in median pruning (search.pruner): trials below the median "
+    "after a fold were stopped early; the protocol's search prunes nothing."
+)
+
+
+def _legend(summary: pd.DataFrame) -> list[str]:
+    """The legend, with the pruning note when a row's search was pruned."""
+    return LEGEND + ([PRUNED_NOTE] if (summary["pruner"] != "none").any() else [])
 
 
 class ReportError(ValueError):
@@ -154,6 +166,7 @@ def collect(
                         "dataset": st.dataset,
                         "loss": st.loss,
                         "strategy": st.strategy,
+                        "pruner": (st.config or {}).get("pruner") or "none",
                         "reproduction": tr.reproduction,
                         "mode": tr.mode,
                         "metric": m,
@@ -194,8 +207,8 @@ def summarize(values: pd.DataFrame, level: float = 0.95, alpha: float = ALPHA) -
     side) and ``not_worse`` (True for the best study and when p ≥ ``alpha``, False when
     p < ``alpha``, missing when p is NaN)."""
     out, samples = [], {}
-    keys = ["study", "dataset", "loss", "strategy", "mode", "metric"]
-    for (study, dataset, loss, strategy, mode, metric), g in values.groupby(
+    keys = ["study", "dataset", "loss", "strategy", "pruner", "mode", "metric"]
+    for (study, dataset, loss, strategy, pruner, mode, metric), g in values.groupby(
         keys, sort=False, dropna=False
     ):
         v = g.sort_values("reproduction")["value"].to_numpy(dtype=np.float64)
@@ -207,6 +220,7 @@ def summarize(values: pd.DataFrame, level: float = 0.95, alpha: float = ALPHA) -
                 "dataset": dataset,
                 "loss": loss,
                 "strategy": strategy,
+                "pruner": pruner,
                 "mode": mode,
                 "metric": metric,
                 "mean": mean,
@@ -216,7 +230,7 @@ def summarize(values: pd.DataFrame, level: float = 0.95, alpha: float = ALPHA) -
                 "high": mean + hw,
             }
         )
-    summary = pd.DataFrame(out, columns=TIDY_COLUMNS[:11])
+    summary = pd.DataFrame(out, columns=TIDY_COLUMNS[:12])
     summary["best"] = False
     summary["best_row"] = False
     summary["p_value"] = math.nan
@@ -287,11 +301,14 @@ def _blocks(summary: pd.DataFrame) -> list[tuple[str, list[_Row]]]:
             st: row_label(g["loss"].iloc[0], g["strategy"].iloc[0])
             for st, g in d.groupby("study", sort=False)
         }
+        pruned = {st for st, g in d.groupby("study", sort=False) if g["pruner"].iloc[0] != "none"}
         rows = []
         for study, g in d.groupby("study", sort=False):
             label = labels[study]
             if list(labels.values()).count(label) > 1:
                 label = f"{label} ({study})"
+            if study in pruned:
+                label = f"{label} {DDAGGER}"
             by = {(r["mode"], r["metric"]): r for _, r in g.iterrows()}
             lo, hi = int(g["n"].min()), int(g["n"].max())
             rows.append(
@@ -348,7 +365,8 @@ def _md(summary: pd.DataFrame) -> str:
             label = f"<ins>{label}</ins>" if r.underline else label
             parts.append("| " + " | ".join([label, r.n] + [cell(c) for c in r.cells]) + " |")
         parts.append("")
-    parts += [line + "  " for line in LEGEND[:-1]] + [LEGEND[-1], ""]
+    legend = _legend(summary)
+    parts += [line + "  " for line in legend[:-1]] + [legend[-1], ""]
     return "\n".join(parts)
 
 
@@ -390,7 +408,7 @@ def _latex(summary: pd.DataFrame, standalone: bool) -> str:
     for dataset, rows in _blocks(summary):
         lines += [r"\midrule", rf"\multicolumn{{8}}{{l}}{{\textit{{{latex_escape(dataset)}}}}} \\"]
         for r in rows:
-            label = latex_escape(r.label)
+            label = latex_escape(r.label).replace(DDAGGER, r"$^{\ddagger}$")
             label = rf"\underline{{{label}}}" if r.underline else label
             n = r.n.replace("–", "--")
             lines.append(" & ".join([label, n] + [cell(c) for c in r.cells]) + r" \\")
@@ -400,11 +418,12 @@ def _latex(summary: pd.DataFrame, standalone: bool) -> str:
         .replace("±", r"$\pm$")
         .replace("≥", r"$\geq$")
         .replace(DAGGER, r"$^{\dagger}$")
+        .replace(DDAGGER, r"$^{\ddagger}$")
         .replace("Student-t", r"Student-$t$")
         .replace("t-test", r"$t$-test")
         .replace("Bold", r"\textbf{Bold}")
         .replace("Underlined", r"\underline{Underlined}")
-        for line in LEGEND
+        for line in _legend(summary)
     ]
     # the legend: a paragraph after the tabular, wrapped at the line width
     lines += [
@@ -489,6 +508,6 @@ def _html(summary: pd.DataFrame) -> str:
         parts.append("</tbody>")
         parts.append("</table>")
     parts.append('<div class="legend">')
-    parts += [f"<p>{esc(line)}</p>" for line in LEGEND]
+    parts += [f"<p>{esc(line)}</p>" for line in _legend(summary)]
     parts += ["</div>", "</body>", "</html>", ""]
     return "\n".join(parts)

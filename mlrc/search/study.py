@@ -205,10 +205,21 @@ def optuna_study(ctx: Context, storage: Any = None) -> optuna.Study:
             direction="maximize",
             load_if_exists=True,
             sampler=make_sampler(r.sampler, r.study.search.seed),
+            pruner=make_pruner(r),
         ),
         ctx.engine,
         "opening the Optuna study",
     )
+
+
+def make_pruner(r: ResolvedStudy) -> optuna.pruners.BasePruner:
+    """Opt-in pruning (``search.pruner: median``): after fold k, a trial whose running mean of
+    fold MAP@R is below the median of the complete trials' running means after fold k stops
+    (recorded as PRUNED); nothing is pruned before ``prune_startup`` trials are complete. The
+    folds run in the same order in every trial, so step k compares like with like."""
+    if r.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=r.prune_startup, n_warmup_steps=0)
+    return optuna.pruners.NopPruner()
 
 
 # --- search ------------------------------------------------------------------------------------
@@ -269,7 +280,13 @@ def run_search(
             time.sleep(poll_s)
             continue
         with _Heartbeat(storage, claim.trial_id, heartbeat_s):
-            value, reason = _objective(ctx, claim.trial.number, claim.params)
+            try:
+                value, reason = _objective(
+                    ctx, claim.trial.number, claim.params, should_prune=_pruning(ctx, claim.trial)
+                )
+            except optuna.TrialPruned as e:
+                value, reason = None, str(e)
+                claim.trial.set_user_attr("reason", reason)
         _tell(ctx, ostudy, claim, value, reason)
 
 
@@ -319,6 +336,8 @@ def _tell(
     def tell() -> None:
         if reason is None:
             ostudy.tell(claim.trial, value)
+        elif reason.startswith(PRUNED):
+            ostudy.tell(claim.trial, state=TrialState.PRUNED)
         else:
             claim.trial.set_user_attr("reason", reason)
             ostudy.tell(claim.trial, state=TrialState.FAIL)
@@ -333,8 +352,25 @@ def _tell(
         log.warning("trial %d was declared lost while it ran: %s", claim.trial.number, e)
         _finish_trial(ctx, claim.trial.number, "interrupted", None, None, "declared lost: retried")
         return
-    if reason is not None:
+    if reason is not None and reason.startswith(PRUNED):
+        log.info("trial %d %s", claim.trial.number, reason)
+    elif reason is not None:
         log.warning("trial %d failed: %s", claim.trial.number, reason)
+
+
+PRUNED = "pruned"  # reasons of pruned trials start with it
+
+
+def _pruning(ctx: Context, trial: optuna.Trial) -> Callable[[int, float], bool] | None:
+    """``should_prune(k, running mean)`` for :func:`_objective`, or None when pruning is off."""
+    if ctx.resolved.pruner == "none":
+        return None
+
+    def should_prune(k: int, running: float) -> bool:
+        trial.report(running, step=k)
+        return trial.should_prune()
+
+    return should_prune
 
 
 class _Heartbeat:
@@ -418,9 +454,12 @@ def _objective(
     suggested: dict[str, Any],
     on_fold: Callable[[int, float], None] | None = None,
     folds: FoldRunner = sequential_folds,
+    should_prune: Callable[[int, float], bool] | None = None,
 ) -> tuple[float | None, str | None]:
     """Train the folds of one trial; (mean val MAP@R, None) or (None, failure reason).
-    ``on_fold(k, running mean)`` is called as the k-th fold finishes (in completion order)."""
+    ``on_fold(k, running mean)`` is called as the k-th fold finishes (in completion order);
+    ``should_prune(k, running mean)`` returning True stops the trial: it is recorded as pruned
+    and ``optuna.TrialPruned`` is raised with the reason."""
     params = {**ctx.resolved.fixed, **suggested}
     h = params_hash(params)
     store.transact(
@@ -445,8 +484,16 @@ def _objective(
             _finish_trial(ctx, number, "failed", None, None, reason)
             return None, reason
         values[fold] = res.best["map_at_r"]
-        if on_fold is not None and len(values) < len(ctx.split.folds):
-            on_fold(len(values), float(np.mean(list(values.values()))))
+        k, running = len(values), float(np.mean(list(values.values())))
+        if on_fold is not None and k < len(ctx.split.folds):
+            on_fold(k, running)
+        if should_prune is not None and k < len(ctx.split.folds) and should_prune(k, running):
+            reason = (
+                f"{PRUNED} after {k} of {len(ctx.split.folds)} folds: running mean "
+                f"{running:.4f} below the median of complete trials"
+            )
+            _finish_trial(ctx, number, "pruned", None, None, reason)
+            raise optuna.TrialPruned(reason)
     v = [values[f] for f in sorted(values)]
     mean = float(np.mean(v))
     sem = float(np.std(v, ddof=1) / math.sqrt(len(v)))
