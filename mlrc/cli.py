@@ -165,6 +165,39 @@ def _user_errors():
         _fail(_one_line(str(e)))
 
 
+@contextmanager
+def _interrupts():
+    """Ctrl-C and SIGTERM stop a study command the same way: the running trial is recorded as
+    interrupted (retried, not counted), one line on stderr, exit code 128 + signal number
+    (130 for SIGINT, 143 for SIGTERM, as a shell reports them); re-running the same command
+    resumes. A second SIGTERM during that cleanup is ignored (SIGKILL still ends it)."""
+    import signal
+    import threading
+
+    got: list[int] = []
+
+    def on_sigterm(signum: int, _frame: object) -> None:
+        got.append(signum)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if main else None
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        sig = signal.Signals(got[0] if got else signal.SIGINT)
+        trial = getattr(e, "trial", None)
+        what = f"trial {trial} marked interrupted; " if trial is not None else ""
+        err_console.print(
+            f"interrupted ({sig.name}): {what}run the same command to resume", highlight=False
+        )
+        raise typer.Exit(128 + sig.value) from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def _one_line(message: str) -> str:
     """An error re-raised from a DataLoader worker carries the worker's traceback: keep its
     last line, which is the original message (e.g. "DatasetError: /path: unreadable ...")."""
@@ -209,7 +242,7 @@ def study_run(
         _fail(f"unknown backend {backend!r} (local or ray; for a worker pool use `mlrc worker`)")
     if scheduler not in ("none", "asha", "median"):
         _fail(f"unknown scheduler {scheduler!r} (none, asha or median)")
-    with _user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
+    with _interrupts(), _user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
         if backend == "ray":
             from mlrc.search.ray_backend import run_search_ray, scheduler_named
 
@@ -245,11 +278,18 @@ def worker(
     grace: Annotated[
         int | None, typer.Option(help="a trial without heartbeat this long is retried, s (4×)")
     ] = None,
+    per_gpu: Annotated[
+        int,
+        typer.Option(
+            "--per-gpu", min=1, help="N worker processes sharing --device (packs small trials)"
+        ),
+    ] = 1,
     quiet: QuietOpt = False,
 ) -> None:
     """One worker of a pool: run trials of the study until its budget of finished trials is
     reached by the whole pool, then exit 0. Start any number, on any machines, against one
-    PostgreSQL database (SQLite allows a single worker)."""
+    PostgreSQL database (SQLite allows a single worker). ``--per-gpu N`` starts N such workers
+    on the same device as separate processes (the exit code is the first non-zero one)."""
     import logging
     import os
 
@@ -257,10 +297,14 @@ def worker(
 
     if heartbeat < 1 or (grace is not None and grace <= heartbeat):
         _fail("--heartbeat must be ≥ 1 s and --grace longer than --heartbeat")
+    if per_gpu > 1:
+        args = [str(study_file), "--artifacts", str(artifacts), "--device", device]
+        args += ["--heartbeat", str(heartbeat)] + (["--grace", str(grace)] if grace else [])
+        raise typer.Exit(_packed_workers(per_gpu, args + (["--quiet"] if quiet else []), storage))
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker {os.getpid()} %(levelname)s %(message)s"
     )
-    with _user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
+    with _interrupts(), _user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
         from mlrc.store import redact
 
         logging.getLogger("mlrc").info(
@@ -274,6 +318,30 @@ def worker(
         _print_status(ctx)
 
 
+def _packed_workers(n: int, args: list[str], storage: str) -> int:
+    """Run ``mlrc worker ARGS`` n times as child processes (the storage URL goes by environment,
+    never on a command line); SIGINT/SIGTERM are passed on; returns the first non-zero exit."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MLRC_STORAGE": storage}
+    cmd = [sys.executable, "-m", "mlrc.cli", "worker", *args]
+    children = [subprocess.Popen(cmd, env=env) for _ in range(n)]
+    console.print(f"started {n} workers on one device: pids {[c.pid for c in children]}")
+
+    def forward(signum: int, _frame: object) -> None:
+        for c in children:
+            if c.poll() is None:
+                c.send_signal(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, forward)
+    codes = [c.wait() for c in children]
+    return next((c for c in codes if c != 0), 0)
+
+
 @study_app.command("test")
 def study_test(
     study_file: Annotated[Path, typer.Argument(help="study YAML")],
@@ -285,7 +353,7 @@ def study_test(
     """Retrain the best parameters N times × 4 folds and test on the unseen classes."""
     from mlrc.search.study import run_test
 
-    with _user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
+    with _interrupts(), _user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
         for problem in run_test(ctx):
             console.print(f"[yellow]failed:[/yellow] {problem}", soft_wrap=True)
         _print_report(ctx.engine, [ctx.name], "md")
@@ -464,7 +532,7 @@ def demo(
         "test": {"reproductions": reproductions},
         "overrides": {"max_epochs": max_epochs} if max_epochs else {},
     }
-    with _user_errors():
+    with _interrupts(), _user_errors():
         resolved = resolve(StudyConfig.model_validate(cfg), "demo")
         tag = hashlib.sha256(canonical_json(resolved.fingerprint()).encode()).hexdigest()[:8]
         resolved.study.name = f"demo-glyphs-contrastive-{tag}"

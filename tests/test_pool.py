@@ -127,12 +127,19 @@ def check_complete_study(url: str, name: str, trials: int, folds: int = 4) -> No
 def test_three_workers_share_one_global_budget(tmp_path, fresh_database, omniglot_zip):
     url = with_password(fresh_database)
     study = pool_study(tmp_path, omniglot_zip, "pool-a", trials=6)
-    workers = start_pool(3, study, url, tmp_path)
+    # three processes: one plain worker and `--per-gpu 2` (two workers packed on one device)
+    workers = start_pool(1, study, url, tmp_path)
+    art = tmp_path / "shared-artifacts"
+    packed = Worker(study, url, art, tmp_path / "packed.log", "--per-gpu", "2")
+    workers.append(packed)
     finish(workers)
     check_complete_study(url, "pool-a", 6)
     ts = optuna_trials(url, "pool-a")
     assert len(ts) == 6  # the budget is global: no worker ran a seventh trial
     assert len({t.user_attrs["worker"] for t in ts}) >= 2  # trials really ran in parallel
+    out = packed.output()
+    pids = [int(p) for p in out.split("pids [", 1)[1].split("]", 1)[0].split(", ")]
+    assert len(pids) == 2 and all(f"worker {p} " in out for p in pids)  # both children worked
     for w in workers:  # credentials masked in the worker's own lines too
         assert "mlrc:***@" in w.output()
 
