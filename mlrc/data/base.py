@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import warnings
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch.utils.data
-from PIL import Image
+from PIL import Image, ImageFile
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 
 # An image source: a file path, encoded bytes (zip members), or an already decoded uint8 array.
 Source = str | bytes | np.ndarray
+
+# Largest image decoded (Pillow's default limit, ≈ 256 MiB as RGB), enforced whatever
+# ``PIL.Image.MAX_IMAGE_PIXELS`` says: a bigger one is refused before any pixel is decoded.
+MAX_IMAGE_PIXELS = 89_478_485
+
+# Transparent pixels are composited onto this colour (RGB drops alpha, so some colour is needed).
+BACKGROUND = (255, 255, 255)
+
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+_ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
 
 
 class DatasetError(ValueError):
@@ -91,26 +103,67 @@ class ImageDataset(torch.utils.data.Dataset):
 
 
 def open_image(source: Source, origin: str) -> Image.Image:
-    """Decode one image to RGB; a decoding failure is a ``DatasetError`` naming ``origin``."""
+    """Decode one image to RGB; a decoding failure is a ``DatasetError`` naming ``origin``.
+
+    Truncated files are errors (never padded with gray), images over ``MAX_IMAGE_PIXELS`` are
+    refused before decoding, and every mode is converted by ``to_rgb``.
+    """
+    _refuse_truncated_images()
     try:
         if isinstance(source, np.ndarray):
-            return Image.fromarray(source).convert("RGB")
+            return to_rgb(Image.fromarray(source))
         fp = io.BytesIO(source) if isinstance(source, bytes) else source
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(fp) as im:
+                _check_size(im, origin)
                 im.load()
-                return im.convert("RGB")
+                return to_rgb(im)
+    except DatasetError:
+        raise
     except FileNotFoundError:
         raise DatasetError(f"{origin}: image file is missing") from None
-    except (
-        OSError,
-        ValueError,
-        SyntaxError,
-        Image.DecompressionBombError,
-        Image.DecompressionBombWarning,
-    ) as e:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise DatasetError(f"{origin}: image too large to decode safely ({e})") from None
+    except (OSError, ValueError, SyntaxError) as e:
         raise DatasetError(f"{origin}: unreadable or corrupt image ({e})") from None
+
+
+def to_rgb(im: Image.Image) -> Image.Image:
+    """A new RGB image from any Pillow mode.
+
+    16-bit grayscale is scaled to 8 bits (Pillow's own conversion clips it to 255: white);
+    transparency (alpha, a palette or key colour) is composited onto ``BACKGROUND``;
+    everything else (CMYK, L, 1, P, YCbCr, …) uses Pillow's conversion.
+    """
+    if im.mode in _SIXTEEN_BIT_MODES:
+        a = np.asarray(im).astype(np.uint32)
+        return Image.fromarray(((a * 255 + 32767) // 65535).astype(np.uint8)).convert("RGB")
+    if im.mode in _ALPHA_MODES or "transparency" in im.info:
+        background = Image.new("RGBA", im.size, (*BACKGROUND, 255))
+        return Image.alpha_composite(background, im.convert("RGBA")).convert("RGB")
+    return im.convert("RGB")
+
+
+def _check_size(im: Image.Image, origin: str) -> None:
+    width, height = im.size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise DatasetError(
+            f"{origin}: image too large to decode safely ({width}x{height} = "
+            f"{width * height} pixels, over the limit of {MAX_IMAGE_PIXELS} pixels)"
+        )
+
+
+def _refuse_truncated_images() -> None:
+    """Undo ``ImageFile.LOAD_TRUNCATED_IMAGES = True`` (set by some other code), with a warning."""
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        ImageFile.LOAD_TRUNCATED_IMAGES = False
+        warnings.warn(
+            "PIL.ImageFile.LOAD_TRUNCATED_IMAGES was True; mlrc set it back to False so that a "
+            "truncated image is an error instead of an image padded with gray",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def renumber(original_ids: Sequence[object]) -> tuple[np.ndarray, list[object]]:
@@ -120,12 +173,16 @@ def renumber(original_ids: Sequence[object]) -> tuple[np.ndarray, list[object]]:
 
 
 def require_dir(path: Path, what: str) -> Path:
+    if path.exists() and not path.is_dir():
+        raise DatasetError(f"{path}: {what} is not a directory")
     if not path.is_dir():
         raise DatasetError(f"{path}: {what} not found (no such directory)")
     return path
 
 
 def require_file(path: Path, what: str) -> Path:
+    if path.is_dir():
+        raise DatasetError(f"{path}: {what} is a directory, not a file")
     if not path.is_file():
         raise DatasetError(f"{path}: {what} not found")
     return path
@@ -142,8 +199,113 @@ def check_image_files(paths: Sequence[str]) -> None:
             raise DatasetError(f"{p}: image file is empty (0 bytes)")
 
 
+def is_hidden(parts: Sequence[str]) -> bool:
+    """A path part is hidden (``.name``, e.g. macOS ``._x.jpg``) or macOS zip metadata."""
+    return any(p.startswith(".") or p == "__MACOSX" for p in parts)
+
+
 def list_images(folder: Path) -> list[Path]:
-    """Image files directly inside ``folder``, sorted by name."""
+    """Image files directly inside ``folder`` (hidden ones skipped), sorted by name."""
     return sorted(
-        p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
+        p
+        for p in folder.iterdir()
+        if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS and not is_hidden([p.name])
     )
+
+
+# --- checks that warn (a study still runs) -----------------------------------------------------
+
+MAX_WARNINGS_PER_CHECK = 20
+
+
+def check_dataset(ds: ImageDataset, train_classes: Sequence[int] | None = None) -> list[str]:
+    """Warnings about a dataset that loads but can mislead a study, one line each.
+
+    * a training class with a single image (it gives no positive pair; fine in test classes);
+      ``train_classes`` are labels (0..C−1), ``None`` means every class;
+    * the same image listed twice (same file, or files with identical bytes), naming both.
+
+    Only files of equal size are read (and hashed), so the check is cheap on real datasets.
+    Each kind of warning is capped at ``MAX_WARNINGS_PER_CHECK`` lines plus a count line.
+    """
+    return _single_image_classes(ds, train_classes) + _duplicate_images(ds)
+
+
+def _capped(lines: list[str], name: str, what: str) -> list[str]:
+    if len(lines) <= MAX_WARNINGS_PER_CHECK:
+        return lines
+    more = len(lines) - MAX_WARNINGS_PER_CHECK
+    return [*lines[:MAX_WARNINGS_PER_CHECK], f"{name}: … and {more} more {what}"]
+
+
+def _single_image_classes(ds: ImageDataset, train_classes: Sequence[int] | None) -> list[str]:
+    counts = ds.class_counts()
+    classes = range(ds.num_classes) if train_classes is None else sorted(set(train_classes))
+    unknown = [c for c in classes if not 0 <= c < ds.num_classes]
+    if unknown:
+        raise ValueError(
+            f"{ds.name}: train_classes {unknown} are not labels 0..{ds.num_classes - 1}"
+        )
+    _, first = np.unique(ds.labels, return_index=True)  # labels cover 0..C−1
+    return _capped(
+        [
+            f"{ds.name}: training class {ds.class_names[c]!r} has a single image "
+            f"({ds.origins[first[c]]}): it gives no positive pair"
+            for c in classes
+            if counts[c] == 1
+        ],
+        ds.name,
+        "training classes with a single image",
+    )
+
+
+def _duplicate_images(ds: ImageDataset) -> list[str]:
+    by_key: dict[object, list[int]] = defaultdict(list)
+    for i, source in enumerate(ds.sources):
+        by_key[_cheap_key(source)].append(i)
+    lines = []
+    for candidates in by_key.values():
+        if len(candidates) < 2:
+            continue
+        by_digest: dict[bytes, list[int]] = defaultdict(list)
+        for i in candidates:
+            by_digest[_digest(ds.sources[i])].append(i)
+        for same in by_digest.values():
+            lines += [_duplicate_line(ds, same[0], j) for j in same[1:]]
+    return _capped(lines, ds.name, "duplicate images")
+
+
+def _duplicate_line(ds: ImageDataset, i: int, j: int) -> str:
+    a, b = (ds.class_names[ds.labels[k]] for k in (i, j))
+    where = f"both in class {a!r}" if a == b else f"in different classes {a!r} and {b!r}"
+    if ds.origins[i] == ds.origins[j]:
+        return f"{ds.name}: duplicate image: {ds.origins[i]} is listed twice ({where})"
+    return f"{ds.name}: duplicate image: {ds.origins[j]} is identical to {ds.origins[i]} ({where})"
+
+
+def _cheap_key(source: Source) -> object:
+    """Equal for identical images; cheap (a stat, a length, a shape)."""
+    if isinstance(source, str | os.PathLike):
+        try:
+            return ("file", os.stat(source).st_size)
+        except OSError:
+            return ("unreadable", source)  # reported when the image is loaded
+    if isinstance(source, bytes):
+        return ("file", len(source))
+    return ("array", source.shape, source.dtype.str)
+
+
+def _digest(source: Source) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    if isinstance(source, str | os.PathLike):
+        try:
+            with open(source, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+        except OSError:
+            h.update(os.fsencode(source))
+    elif isinstance(source, bytes):
+        h.update(source)
+    else:
+        h.update(np.ascontiguousarray(source).data)
+    return h.digest()

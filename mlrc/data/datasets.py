@@ -16,6 +16,7 @@ from mlrc.data.base import (
     DatasetError,
     ImageDataset,
     check_image_files,
+    is_hidden,
     list_images,
     renumber,
     require_dir,
@@ -44,11 +45,26 @@ def _root(root: str | Path | None, name: str) -> Path:
 
 
 def _inside(root: Path, rel: str, listed_in: Path) -> str:
-    """Resolve an annotation path under ``root``; refuse one that escapes it."""
-    p = (root / rel).resolve()
+    """Resolve an annotation path under ``root``; refuse one that escapes it.
+
+    ``..``, absolute paths and symlinks (to a file or a folder) that lead out of ``root`` are
+    refused: an annotation file may only name images inside its dataset.
+    """
+    try:
+        p = (root / rel).resolve()
+    except (OSError, RuntimeError, ValueError) as e:  # symlink loop, NUL byte
+        raise DatasetError(f"{listed_in}: path {rel!r} cannot be resolved ({e})") from None
     if not p.is_relative_to(root.resolve()):
-        raise DatasetError(f"{listed_in}: path {rel!r} points outside the dataset root {root}")
+        raise DatasetError(
+            f"{listed_in}: path {rel!r} points outside the dataset root {root} "
+            f"(resolves to {p}); refused"
+        )
     return str(p)
+
+
+def _class_folders(folder: Path) -> list[Path]:
+    """Sub-folders of ``folder`` sorted by name, hidden ones (``.git``, ``__MACOSX``) skipped."""
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not is_hidden([p.name]))
 
 
 def _from_class_folders(name: str, folders: list[Path]) -> ImageDataset:
@@ -70,7 +86,7 @@ def _from_class_folders(name: str, folders: list[Path]) -> ImageDataset:
 def image_folder(root: str | Path | None = None) -> ImageDataset:
     """``root/<class>/<image>``; classes sorted by folder name."""
     base = _root(root, "image_folder")
-    folders = sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+    folders = _class_folders(base)
     if not folders:
         raise DatasetError(f"{base}: no class folders (expected root/<class>/<image>)")
     return _from_class_folders("image_folder", folders)
@@ -87,7 +103,7 @@ def cub200(root: str | Path | None = None) -> ImageDataset:
     if not images.is_dir():
         images = base / "images"
     require_dir(images, "CUB_200_2011/images folder")
-    folders = sorted(p for p in images.iterdir() if p.is_dir())
+    folders = _class_folders(images)
     if not folders:
         raise DatasetError(f"{images}: no class folders")
     return _from_class_folders("cub200", folders)
@@ -119,9 +135,21 @@ def cars196(root: str | Path | None = None) -> ImageDataset:
     return ImageDataset("cars196", sources, labels, names)
 
 
+def _read_rows(path: Path) -> list[list[str]]:
+    """The non-blank lines of a text annotation file, split on whitespace."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DatasetError(
+            f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})"
+        ) from None
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read the annotation file ({e.strerror})") from None
+    return [ln.split() for ln in text.splitlines() if ln.strip()]
+
+
 def _read_table(path: Path, header: str) -> list[list[str]]:
-    lines = path.read_text().splitlines()
-    body = [ln.split() for ln in lines if ln.strip()]
+    body = _read_rows(path)
     if not body or body[0] != header.split():
         raise DatasetError(f"{path}: expected the header line {header!r}")
     return body[1:]
@@ -137,7 +165,7 @@ def sop(root: str | Path | None = None) -> ImageDataset:
         for lineno, row in enumerate(
             _read_table(table, "image_id class_id super_class_id path"), 2
         ):
-            if len(row) != 4 or not row[1].isdigit():
+            if len(row) != 4 or not (row[1].isascii() and row[1].isdigit()):
                 raise DatasetError(
                     f"{table}:{lineno}: expected 'image_id class_id super_class_id path'"
                 )
@@ -159,7 +187,7 @@ def inshop(root: str | Path | None = None) -> ImageDataset:
     table = require_file(
         base / "list_eval_partition.txt", "In-Shop annotation file list_eval_partition.txt"
     )
-    lines = [ln.split() for ln in table.read_text().splitlines() if ln.strip()]
+    lines = _read_rows(table)
     if len(lines) < 2 or lines[1] != ["image_name", "item_id", "evaluation_status"]:
         raise DatasetError(
             f"{table}: expected a count line, then 'image_name item_id evaluation_status'"
@@ -194,7 +222,13 @@ def omniglot(root: str | Path | None = None) -> ImageDataset:
     base = require_dir(path, "omniglot root")
     # character folders = folders that hold images directly; class name = "alphabet/character"
     folders = sorted(
-        {p.parent for p in base.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()},
+        {
+            p.parent
+            for p in base.rglob("*")
+            if p.suffix.lower() in IMAGE_EXTENSIONS
+            and not is_hidden(p.relative_to(base).parts)
+            and p.is_file()
+        },
         key=lambda c: (c.parent.name, c.name),
     )
     if not folders:
@@ -213,7 +247,9 @@ def _omniglot_zip(path: Path) -> ImageDataset:
         members = [
             m
             for m in zf.infolist()
-            if not m.is_dir() and PurePosixPath(m.filename).suffix.lower() in IMAGE_EXTENSIONS
+            if not m.is_dir()
+            and PurePosixPath(m.filename).suffix.lower() in IMAGE_EXTENSIONS
+            and not is_hidden(PurePosixPath(m.filename).parts)
         ]
         by_class: dict[str, list[zipfile.ZipInfo]] = {}
         for m in members:
