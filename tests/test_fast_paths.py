@@ -93,3 +93,41 @@ def test_loader_options_fall_back_on_cpu():
         "pin_memory": True,
         "persistent_workers": True,
     }
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"input_range": 255, "bgr": True, "mean": [104, 117, 128], "std": [1, 1, 1]},
+        {
+            "input_range": 1,
+            "bgr": False,
+            "mean": [0.485, 0.456, 0.406],
+            "std": [0.229, 0.224, 0.225],
+        },
+    ],
+)
+def test_one_step_trunk_input_is_bit_identical_to_torchvision(spec):
+    """ToTrunkInput vs the plain composition ToTensor → ×range → [BGR] → Normalize."""
+    import numpy as np
+    from PIL import Image
+    from torchvision import transforms as T
+
+    from mlrc.data.transforms import ToTrunkInput
+
+    rng = np.random.default_rng(0)
+    pic = Image.fromarray(rng.integers(0, 256, (37, 29, 3), dtype=np.uint8))
+    x = T.ToTensor()(pic) * float(spec["input_range"])
+    x = x[[2, 1, 0]] if spec["bgr"] else x
+    expected = T.Normalize(spec["mean"], spec["std"])(x)
+    assert torch.equal(ToTrunkInput(spec)(pic), expected)
+
+
+def test_decoded_cache_trains_the_very_same_fold(glyphs_ds, tmp_path, plain, monkeypatch):
+    """decoded_cache: same images after Resize, same RNG → the same fold, number for number."""
+    monkeypatch.setenv("MLRC_CACHE", str(tmp_path / "cache"))
+    res = train_tiny_fold(
+        glyphs_ds, tmp_path / "cached", iterations=4, preset_overrides={"decoded_cache": True}
+    )
+    assert [vars(h) for h in res.history] == [vars(h) for h in plain.history]
+    assert len(list((tmp_path / "cache" / "decoded").glob("glyphs-r36-*.u8"))) == 1

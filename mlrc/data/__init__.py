@@ -1,6 +1,6 @@
 """Datasets (one registry), with labels renumbered 0..C−1 in the protocol's class order."""
 
-from mlrc.data.base import DatasetError, ImageDataset
+from mlrc.data.base import DatasetError, ImageDataset, check_dataset
 from mlrc.data.datasets import DATASETS, available, build
 
-__all__ = ["DATASETS", "DatasetError", "ImageDataset", "available", "build"]
+__all__ = ["DATASETS", "DatasetError", "ImageDataset", "available", "build", "check_dataset"]

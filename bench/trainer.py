@@ -1,0 +1,163 @@
+"""Fold-trainer overhead: ``train_fold`` iterations/s vs a bare PyTorch loop doing the same work.
+
+    .venv/bin/python bench/trainer.py [--iterations 50 --epochs 4 --repeats 3 --device cpu]
+
+Both sides train the same model (the cpu preset's trunk + 128-D embedder, built from the same
+seed), on the same batches (the preset's m-per-class sampler over the embedded ``glyphs``
+images, which live in memory), with the same loss (contrastive), optimiser (RMSprop) and batch
+size (32). The bare loop is ``loss(model(x), y).backward(); opt.step()`` over the DataLoader and
+nothing else. The trainer adds what the protocol needs: per-epoch atomic ``last.pt`` checkpoints,
+the progress bar, the non-finite loss check, and two validations (epoch 0 and the last epoch) —
+kept tiny here (2 validation classes, 32 images) so the comparison is of the training loop.
+Sides run interleaved ``--repeats`` times; the best time of each is kept.
+Writes bench/results/trainer.csv. Goal (issue #7): trainer ≥ 0.95 × bare iterations/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, write_csv  # noqa: E402
+
+from mlrc import data  # noqa: E402
+from mlrc.config import load_preset  # noqa: E402
+from mlrc.data.transforms import train_transform  # noqa: E402
+from mlrc.methods import losses, samplers  # noqa: E402
+from mlrc.protocol import mlrc_split  # noqa: E402
+from mlrc.train.fold import FoldSpec, _Indexed, _View, build_model, train_fold  # noqa: E402
+
+LOSS = "contrastive"
+SEED = 0
+
+
+def setup(iterations: int, epochs: int):
+    ds = data.build("glyphs")
+    fold = mlrc_split(ds.labels, scheme="mlrc").folds[0]
+    preset = load_preset(
+        "cpu",
+        {
+            "iterations_per_epoch": iterations,
+            "max_epochs": epochs,
+            "validate_every": {"default": epochs},
+            "patience": {"default": epochs},
+        },
+    )
+    return ds, fold, preset
+
+
+def bare_loop(ds, fold, preset, device: str) -> float:
+    """Seconds for max_epochs × iterations_per_epoch plain training steps."""
+    torch.manual_seed(SEED)
+    model = build_model(preset).to(device)
+    im = model.trunk.input_spec
+    p = preset.image
+    view = _View(
+        ds, fold.train_classes, train_transform(p.resize, p.crop, p.scale, p.ratio, p.flip, im)
+    )
+    sampler = samplers.build(
+        "m_per_class",
+        labels=view.labels,
+        batch_size=preset.batch.size,
+        m=preset.batch.images_per_class["pair"],
+        iterations=preset.iterations_per_epoch,
+        seed=SEED,
+    )
+    loss_fn = losses.build(LOSS, num_classes=len(fold.train_classes), embedding_size=128)
+    o = preset.optimizer
+    opt = torch.optim.RMSprop(
+        model.parameters(), lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum
+    )
+    loader = DataLoader(_Indexed(view), batch_sampler=sampler)
+    t0 = time.perf_counter()
+    for _ in range(preset.max_epochs):
+        model.train()
+        for x, y, _idx in loader:
+            loss = loss_fn(model(x.to(device)), y.to(device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return time.perf_counter() - t0
+
+
+def trainer(ds, fold, preset, device: str) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = FoldSpec(
+            ds,
+            "glyphs",
+            fold.train_classes,
+            fold.val_classes[:2],
+            LOSS,
+            {},
+            None,
+            preset,
+            SEED,
+            Path(tmp),
+            device=device,
+            progress=True,  # the bar is part of the trainer's cost (drawn to stderr)
+        )
+        t0 = time.perf_counter()
+        res = train_fold(spec)
+        elapsed = time.perf_counter() - t0
+    assert res.status == "complete", res.reason
+    return elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iterations", type=int, default=50, help="iterations per epoch")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--quick", action="store_true", help="10 iterations × 2 epochs, 1 repeat")
+    a = ap.parse_args()
+    if a.quick:
+        a.iterations, a.epochs, a.repeats = 10, 2, 1
+    ds, fold, preset = setup(a.iterations, a.epochs)
+    times: dict[str, list[float]] = {"bare loop": [], "train_fold": []}
+    for _ in range(a.repeats):  # interleaved, so load changes hit both sides alike
+        times["bare loop"].append(bare_loop(ds, fold, preset, a.device))
+        times["train_fold"].append(trainer(ds, fold, preset, a.device))
+    n = a.iterations * a.epochs
+    rows = [
+        {
+            "side": side,
+            "iterations": n,
+            "best_s": min(t),
+            "it_per_s": n / min(t),
+            "all_s": " ".join(f"{x:.2f}" for x in t),
+        }
+        for side, t in times.items()
+    ]
+    df = pd.DataFrame(rows)
+    df["ratio_to_bare"] = df["it_per_s"] / df.loc[0, "it_per_s"]
+    table = Table(title=f"fold trainer vs bare loop ({a.device}, batch 32, cpu preset, {LOSS})")
+    for col in ("side", "iterations", "best s", "it/s", "× bare", "runs (s)"):
+        table.add_column(col, justify="left" if col in ("side", "runs (s)") else "right")
+    for r in df.itertuples():
+        table.add_row(
+            r.side,
+            str(r.iterations),
+            f"{r.best_s:.2f}",
+            f"{r.it_per_s:.1f}",
+            f"{r.ratio_to_bare:.3f}",
+            r.all_s,
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"machine: {machine()}", soft_wrap=True)
+    console.print(f"wrote {write_csv(df.assign(device=a.device), 'trainer')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,297 @@
+"""Decoded-image cache: every image decoded and resized once, kept in a memory-mapped file.
+
+``decoded_cache(ds, resize, cache_dir)`` returns a dataset whose images are the ones
+``torchvision.transforms.Resize(resize)`` makes of ``ds``'s images (that very transform, so the
+pixels are identical), stored as uint8 RGB. Decoding a CUB-sized JPEG and resizing it is most of
+the cost of a training step's input pipeline; the cache pays it once per dataset and resize.
+
+Same tensors as without the cache: ``Resize(resize)`` returns an image unchanged when its shorter
+edge already equals ``resize`` (torchvision ≥ 0.13 checks the output size first), so the
+protocol's ``train_transform``/``eval_transform`` (``Resize → RandomResizedCrop/CenterCrop → …``)
+give, for the same torch RNG state, bit-identical tensors on the cached dataset.
+
+Files in ``cache_dir`` (named by a key, see ``cache_key``)::
+
+    <dataset>-r<resize>-<key>.u8          all images back to back, row-major H × W × 3 uint8
+    <dataset>-r<resize>-<key>.index.npy   int64 (n, 3): byte offset, height, width per image
+
+Disk cost: ``resize² · aspect · 3`` bytes per image (aspect = longer / shorter edge), e.g.
+256 × 341 × 3 ≈ 262 KB for a 4:3 CUB photo, ≈ 3.1 GB for CUB-200-2011's 11,788 images at
+resize 256 (about 3× the JPEGs). Pages are shared by every process that maps the file (the OS
+page cache), so DataLoader workers and concurrent trials do not each hold a copy.
+
+The key hashes the dataset name, ``resize``, the Pillow/torchvision versions and each image's
+identity: for a file path its absolute path, size and mtime (ns); for encoded bytes, a hash of
+the bytes; for an array, a hash of its shape, dtype and bytes. Changed files → new key → a new
+cache is built (older ones are left alone; remove them by hand). A cache is built under a
+temporary name and renamed into place only when complete (data first, index last), so a killed
+build never leaves a cache that is later trusted; temporary files of dead builds are removed.
+Processes that need the same missing cache at once build it once: the others wait on a lock
+(``.<dataset>-r<resize>-<key>.lock``, an empty file left in place) and then map it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import socket
+import time
+import uuid
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import PIL
+import torchvision
+from PIL import Image
+from torchvision import transforms as T
+from tqdm.auto import tqdm
+
+from mlrc.data.base import DatasetError, ImageDataset, Source
+
+FORMAT_VERSION = 1
+STALE_TEMP_S = 24 * 3600  # a temporary file untouched this long is a dead build's, whatever host
+_TEMP = re.compile(r"^\.(?P<final>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]+\.tmp$")
+
+
+def default_cache_dir() -> Path:
+    """``$MLRC_CACHE/decoded`` (``MLRC_CACHE`` defaults to ``~/.cache/mlrc``)."""
+    from mlrc.data.download import cache_dir
+
+    return cache_dir() / "decoded"
+
+
+def decoded_cache(
+    ds: ImageDataset,
+    resize: int,
+    cache_dir: Path | str,
+    progress: bool = True,
+    workers: int | None = None,
+) -> ImageDataset:
+    """``ds`` with every image decoded, ``Resize(resize)``-d (shorter edge = ``resize`` px) and
+    memory-mapped from ``cache_dir`` (built there on first use; see the module docstring).
+
+    Labels, class names, origins and transform are ``ds``'s; sources are read-only uint8
+    ``(H, W, 3)`` views into the mapped file. An undecodable image raises ``DatasetError`` naming
+    its origin, and leaves no cache behind. ``workers`` threads decode while building (default:
+    the CPU count, at most 8); the images are written in order, a few at a time, so building
+    needs little memory whatever the dataset's size.
+    """
+    if resize <= 0:
+        raise ValueError(f"resize must be a positive number of pixels, not {resize}")
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(cache_dir)
+    data_path, index_path = cache_paths(cache_dir, ds.name, resize, cache_key(ds, resize))
+    opened = _open(data_path, index_path)
+    if opened is None:
+        with _build_lock(data_path.with_name(f".{data_path.stem}.lock")):
+            opened = _open(data_path, index_path)  # built by another process while we waited?
+            if opened is None:
+                _build(ds, resize, data_path, index_path, progress, workers)
+                opened = _open(data_path, index_path)
+        if opened is None:
+            raise DatasetError(f"{data_path}: decoded cache unreadable right after building it")
+    return CachedImageDataset(ds, data_path, index_path, *opened)
+
+
+class CachedImageDataset(ImageDataset):
+    """An ``ImageDataset`` whose sources are views into a decoded cache's memory-mapped file.
+
+    Pickles small (the file paths, not the pixels): a spawned DataLoader worker maps the file
+    again instead of receiving a copy of every image."""
+
+    def __init__(
+        self,
+        ds: ImageDataset,
+        data_path: Path,
+        index_path: Path,
+        data: np.ndarray,
+        index: np.ndarray,
+    ) -> None:
+        super().__init__(
+            ds.name, _views(data, index), ds.labels, ds.class_names, ds.origins, ds.transform
+        )
+        self.cache_files = (data_path, index_path)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "sources": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        opened = _open(*self.cache_files)
+        if opened is None:
+            raise DatasetError(f"{self.cache_files[0]}: decoded cache is gone or incomplete")
+        self.sources = _views(*opened)
+
+
+def cache_key(ds: ImageDataset, resize: int) -> str:
+    """Hex digest naming the cache of ``ds`` at ``resize`` (see the module docstring)."""
+    h = hashlib.blake2b(digest_size=16)
+    header = f"mlrc-decoded/{FORMAT_VERSION}/{ds.name}/{resize}/{len(ds)}/"
+    h.update(f"{header}Pillow {PIL.__version__}/torchvision {torchvision.__version__}".encode())
+    for i, source in enumerate(ds.sources):
+        h.update(_identity(source, ds.origins[i]))
+    return h.hexdigest()
+
+
+def cache_paths(cache_dir: Path, name: str, resize: int, key: str) -> tuple[Path, Path]:
+    """(data file, index file) of one cache."""
+    stem = f"{re.sub(r'[^A-Za-z0-9_-]+', '_', name)}-r{resize}-{key}"
+    return cache_dir / f"{stem}.u8", cache_dir / f"{stem}.index.npy"
+
+
+def _identity(source: Source, origin: str) -> bytes:
+    if isinstance(source, str | os.PathLike):
+        path = os.path.abspath(source)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise DatasetError(f"{origin}: image file is missing") from None
+        return f"\0path\0{path}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+    if isinstance(source, bytes):
+        return b"\0bytes\0" + hashlib.blake2b(source, digest_size=16).digest()
+    a = np.ascontiguousarray(source)
+    digest = hashlib.blake2b(a.data, digest_size=16).hexdigest()
+    return f"\0array\0{a.shape}\0{a.dtype.str}\0{digest}".encode()
+
+
+def _views(data: np.ndarray, index: np.ndarray) -> list[np.ndarray]:
+    return [data[o : o + h * w * 3].reshape(h, w, 3) for o, h, w in index.tolist()]
+
+
+def _open(data_path: Path, index_path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """(flat uint8 memmap, index), or None when the cache is absent or not consistent."""
+    try:
+        index = np.load(index_path, allow_pickle=False)
+        size = data_path.stat().st_size
+    except (OSError, ValueError, EOFError):
+        return None
+    if index.ndim != 2 or index.shape[1] != 3 or len(index) == 0:
+        return None
+    offset, h, w = (int(v) for v in index[-1])
+    if size != offset + h * w * 3:
+        return None
+    return np.memmap(data_path, dtype=np.uint8, mode="r").view(np.ndarray), index
+
+
+@contextmanager
+def _build_lock(path: Path) -> Iterator[None]:
+    """Exclusive ``flock`` on ``path`` (an empty file, kept): one build of a cache at a time
+    per host, the others wait and then use it. Released by the OS if the builder dies."""
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build(
+    ds: ImageDataset,
+    resize: int,
+    data_path: Path,
+    index_path: Path,
+    progress: bool,
+    workers: int | None,
+) -> None:
+    """Write the cache under temporary names, then rename data and index into place."""
+    tmp_data, tmp_index = _temp_name(data_path), _temp_name(index_path)
+    try:
+        with open(tmp_data, "wb") as f:
+            index = _write_images(ds, resize, f, progress, workers or min(8, os.cpu_count() or 1))
+            f.flush()
+            os.fsync(f.fileno())
+        with open(tmp_index, "wb") as f:
+            np.save(f, index)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_data, data_path)
+        os.replace(tmp_index, index_path)  # last: the index's presence marks a complete cache
+    finally:
+        for p in (tmp_data, tmp_index):
+            p.unlink(missing_ok=True)
+
+
+def _write_images(
+    ds: ImageDataset, resize: int, f: BinaryIO, progress: bool, threads: int
+) -> np.ndarray:
+    """Append each image, ``Resize(resize)``-d, to ``f``; returns the (n, 3) index."""
+    resizer = T.Resize(resize)
+    index = np.zeros((len(ds), 3), dtype=np.int64)
+    offset = 0
+    # open_image's warnings.catch_warnings is not thread-safe: racing threads may restore one
+    # another's filter lists. Every list they see holds this outer "error" filter, and leaving
+    # this block restores the caller's filters whatever the interleaving.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        images = _ordered_map(lambda i: np.asarray(resizer(ds.load_image(i))), len(ds), threads)
+        bar = tqdm(
+            images,
+            total=len(ds),
+            desc=f"decoding {ds.name} (resize {resize})",
+            unit="img",
+            disable=not progress,
+        )
+        for i, a in enumerate(bar):
+            f.write(np.ascontiguousarray(a, dtype=np.uint8).data)
+            index[i] = offset, a.shape[0], a.shape[1]
+            offset += a.shape[0] * a.shape[1] * 3
+    return index
+
+
+def _ordered_map(fn: Callable[[int], np.ndarray], n: int, threads: int) -> Iterator[np.ndarray]:
+    """``fn(0), …, fn(n − 1)`` in order, computed by ``threads`` threads at most 2 × threads
+    ahead of the consumer (Pillow releases the GIL while decoding and resizing)."""
+    if threads <= 1:
+        yield from (fn(i) for i in range(n))
+        return
+    with ThreadPoolExecutor(threads) as pool:
+        pending: deque[Future] = deque()
+        try:
+            for i in range(n):
+                pending.append(pool.submit(fn, i))
+                if len(pending) >= 2 * threads:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+
+def _temp_name(path: Path) -> Path:
+    host = re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host"
+    return path.with_name(f".{path.name}.{host}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _remove_stale_temps(cache_dir: Path) -> None:
+    """Delete temporary files of builds that died: same host and process gone, or old."""
+    host = re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host"
+    for p in cache_dir.glob(".*.tmp"):
+        m = _TEMP.match(p.name)
+        if m is None:
+            continue
+        try:
+            old = time.time() - p.stat().st_mtime > STALE_TEMP_S
+        except FileNotFoundError:
+            continue
+        if old or (m["host"] == host and not _alive(int(m["pid"]))):
+            p.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
