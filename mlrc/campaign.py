@@ -12,16 +12,14 @@ grid with each cell's progress, read from the store only.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import re
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from mlrc.config import (
     ConfigError,
@@ -37,6 +35,7 @@ from mlrc.config import (
     _format_error,
     _Strict,
     load_yaml,
+    not_a_mapping,
     resolve,
 )
 
@@ -82,7 +81,7 @@ def _named(items: Any) -> Any:
 class CampaignConfig(_Strict):
     """A campaign file, validated (study-level checks happen in :func:`resolve_campaign`)."""
 
-    name: str = Field(min_length=1, pattern=NAME_PATTERN)
+    name: str = Field(min_length=1, max_length=128, pattern=NAME_PATTERN)
     datasets: list[CampaignDataset] = Field(min_length=1)
     losses: list[CampaignLoss] = Field(min_length=1)
     strategies: list[CampaignStrategy | None] = Field([None], min_length=1)
@@ -108,41 +107,9 @@ class CampaignConfig(_Strict):
         return self
 
 
-def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
-    """Field names (and aliases) of the model at ``loc``, through lists and optional fields."""
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return []
-        model = _model_in(field.annotation)
-        if model is None:
-            return []
-    return list(model.model_fields) + [f.alias for f in model.model_fields.values() if f.alias]
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):  # list[X], X | None
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
-
-
 def _format(source: str, err: ValidationError) -> str:
     """One line naming the file and key; unknown keys get a "did you mean" (also in lists)."""
-    e = err.errors()[0]
-    if e["type"] != "extra_forbidden":
-        return _format_error(source, err, CampaignConfig)
-    loc = ".".join(str(p) for p in e["loc"])
-    close = difflib.get_close_matches(
-        str(e["loc"][-1]), _fields_at(CampaignConfig, e["loc"][:-1]), n=1
-    )
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{source}: unknown key {loc!r}{hint}"
+    return _format_error(source, err, CampaignConfig)
 
 
 def parse_campaign(
@@ -152,7 +119,7 @@ def parse_campaign(
     working directory, then ``base`` (the campaign file's folder); ``check_roots=False`` leaves
     them as written (for ``status``, which trains nothing)."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
+        raise ConfigError(not_a_mapping(data, source))
     try:
         cfg = CampaignConfig.model_validate(data)
     except ValidationError as e:
@@ -269,6 +236,8 @@ def _in_campaign(message: str, source: str, cell: Cell) -> str:
     """A study-level error of :func:`resolve` with its key written as the campaign's key
     (``loss.name`` → ``losses.3.name``), or with the study named when the key is shared."""
     rest = message.removeprefix(f"{source}: ")
+    if rest.startswith("search.enqueue."):  # a loss item's own enqueue list
+        return f"{source}: losses.{cell.where[1]}.enqueue.{rest.removeprefix('search.enqueue.')}"
     for key, campaign_key, n in _STUDY_FIELDS:
         item = f"{campaign_key}.{cell.where[n]}"
         if rest.startswith((f"{key}.", f"{key}:")):
@@ -542,7 +511,10 @@ class _RaySession:
     def __enter__(self) -> _RaySession:
         if self.on:
             import logging
+            import os
 
+            if self.address is None:  # a local Ray listens on 127.0.0.1 only
+                os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
             import ray
 
             if not ray.is_initialized():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -10,6 +11,7 @@ from typing import Annotated
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from mlrc import data
@@ -29,7 +31,8 @@ SchemeOpt = Annotated[str, typer.Option(help="fold scheme: kfold or mlrc")]
 
 
 def _fail(message: str) -> None:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    """One line on stderr, ``error: …`` (the message is printed as written, never as markup)."""
+    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     raise typer.Exit(2)
 
 
@@ -207,11 +210,20 @@ def _one_line(message: str) -> str:
     return message
 
 
-def _open(study_file: Path, storage: str, artifacts: Path, device: str, quiet: bool):
+def _open(
+    study_file: Path,
+    storage: str,
+    artifacts: Path,
+    device: str,
+    quiet: bool,
+    force_new: bool = False,
+):
     from mlrc.config import load_study
     from mlrc.search.study import open_study
 
-    return open_study(load_study(study_file), storage, artifacts, device, progress=not quiet)
+    return open_study(
+        load_study(study_file), storage, artifacts, device, progress=not quiet, force_new=force_new
+    )
 
 
 @study_app.command("run")
@@ -234,6 +246,12 @@ def study_run(
     scheduler: Annotated[
         str, typer.Option(help="ray: none (protocol), asha or median (prunes; not MLRC)")
     ] = "none",
+    force_new: Annotated[
+        bool,
+        typer.Option(
+            "--force-new", help="a stored study of this name with another config: archive, rerun"
+        ),
+    ] = False,
 ) -> None:
     """Run (or resume) the Bayesian search: trials × 4 folds, objective = mean val MAP@R."""
     from mlrc.search.study import run_search
@@ -242,8 +260,14 @@ def study_run(
         _fail(f"unknown backend {backend!r} (local or ray; for a worker pool use `mlrc worker`)")
     if scheduler not in ("none", "asha", "median"):
         _fail(f"unknown scheduler {scheduler!r} (none, asha or median)")
-    with _interrupts(), _user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
+    with (
+        _interrupts(),
+        _user_errors(),
+        _open(study_file, storage, artifacts, device, quiet, force_new) as ctx,
+    ):
         if backend == "ray":
+            if address is None:  # a local Ray listens on 127.0.0.1 only (set before import)
+                os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
             from mlrc.search.ray_backend import run_search_ray, scheduler_named
 
             run_search_ray(
@@ -489,9 +513,7 @@ def _print_report(
     try:
         text = render(summarize(collect(engine, studies, campaigns)), fmt, standalone=standalone)
     except ReportError as e:
-        from rich.markup import escape
-
-        _fail(escape(str(e)))
+        _fail(str(e))
     if out is not None:
         out.write_text(text, encoding="utf-8")
         console.print(f"wrote {out}")
@@ -518,9 +540,9 @@ def demo(
     """A complete small study on the embedded default: search, test stage, table with CIs."""
     import time
 
-    from mlrc.config import StudyConfig, resolve
+    from mlrc.config import StudyConfig, _validate, resolve
     from mlrc.search.study import open_study, run_search, run_test
-    from mlrc.store import canonical_json
+    from mlrc.store import canonical_json, redact
 
     t0 = time.monotonic()
     cfg = {
@@ -533,7 +555,7 @@ def demo(
         "overrides": {"max_epochs": max_epochs} if max_epochs else {},
     }
     with _interrupts(), _user_errors():
-        resolved = resolve(StudyConfig.model_validate(cfg), "demo")
+        resolved = resolve(_validate(StudyConfig, cfg, "demo"), "demo")
         tag = hashlib.sha256(canonical_json(resolved.fingerprint()).encode()).hexdigest()[:8]
         resolved.study.name = f"demo-glyphs-contrastive-{tag}"
         console.rule(f"[bold]mlrc demo[/bold]: {resolved.study.name}")
@@ -551,7 +573,7 @@ def demo(
                 console.print(f"[yellow]failed:[/yellow] {problem}", soft_wrap=True)
             _print_report(ctx.engine, [ctx.name], "md")
     console.print(
-        f"database: {storage}\nartifacts: {artifacts.resolve() / resolved.study.name}\n"
+        f"database: {redact(storage)}\nartifacts: {artifacts.resolve() / resolved.study.name}\n"
         f"wall time: {time.monotonic() - t0:.0f} s",
         soft_wrap=True,
     )

@@ -226,7 +226,7 @@ class SamplerRef(_Strict):
 class StudyConfig(_Strict):
     """A study file, validated. ``resolved()`` merges it with its preset."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     dataset: DatasetRef
     preset: str = "cpu"
     loss: LossRef

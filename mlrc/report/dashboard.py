@@ -980,6 +980,7 @@ StorageOpt = Annotated[
 @contextmanager
 def _user_errors() -> Iterator[None]:
     from rich.console import Console
+    from rich.markup import escape
 
     from mlrc.report.tables import ReportError
     from mlrc.store import StoreError
@@ -987,7 +988,9 @@ def _user_errors() -> Iterator[None]:
     try:
         yield
     except (StoreError, ReportError) as e:
-        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {e}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(
+            f"[red]error:[/red] {escape(str(e))}", highlight=False
+        )
         raise typer.Exit(2) from None
 
 

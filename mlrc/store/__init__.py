@@ -15,6 +15,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -159,56 +160,118 @@ METRIC_COLUMNS = ("map_at_r", "precision_at_1", "r_precision")
 # --- engine ------------------------------------------------------------------------------------
 
 
+URL_FORMS = "expected sqlite:///FILE or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE"
+
+
 def default_url() -> str:
     return "sqlite:///mlrc.db"
 
 
+_SECRET_QUERY_KEYS = ("password", "sslpassword")  # libpq takes a password in the query too
+_REFUSED = (  # the server answered and refused: retrying cannot help
+    "password authentication failed",
+    "authentication failed for user",
+    "no pg_hba.conf entry",
+    "does not exist",
+)
+
+
 def redact(url: str) -> str:
-    """The URL without its password, for messages."""
+    """The URL without its password (user part or query), for messages; as written otherwise."""
     from sqlalchemy.engine import make_url
 
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        u = make_url(url)
     except Exception:
         return "<unparsable database URL>"
+    if "@" in (u.host or ""):  # an unescaped '@' in the password: part of it parsed as host
+        return f"{u.drivername}://<credentials hidden: percent-encode '@' in a password as %40>"
+    secret = [k for k in u.query if k.lower() in _SECRET_QUERY_KEYS]
+    if u.password is None and not secret:
+        return url
+    u = u.update_query_dict({k: "***" for k in secret})
+    return u.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
+
+
+def _shown(engine: Engine) -> str:
+    """``engine``'s URL for messages: without its password; a SQLite path as written."""
+    from urllib.parse import unquote
+
+    rendered = engine.url.render_as_string(hide_password=False)
+    return unquote(rendered) if engine.dialect.name == "sqlite" else redact(rendered)
 
 
 def reconnect_window_s() -> float:
     """How long a worker waits for a lost database to come back (``MLRC_DB_RETRY_S``, 600 s)."""
+    raw = os.environ.get("MLRC_DB_RETRY_S", "600")
     try:
-        return float(os.environ.get("MLRC_DB_RETRY_S", "600"))
+        value = float(raw)
     except ValueError:
-        raise StoreError(
-            f"MLRC_DB_RETRY_S={os.environ['MLRC_DB_RETRY_S']!r} is not a number of seconds"
-        ) from None
+        value = float("nan")
+    if not value >= 0:  # also NaN, which would make every deadline unreachable
+        raise StoreError(f"MLRC_DB_RETRY_S={raw!r} is not a number of seconds ≥ 0")
+    return value
+
+
+def sqlite_busy_s() -> float:
+    """How long a SQLite statement waits for another process's write lock: 30 s, or less when
+    ``MLRC_DB_RETRY_S`` is less."""
+    return min(30.0, reconnect_window_s())
 
 
 def _first_line(e: BaseException) -> str:
     return (str(getattr(e, "orig", None) or e).strip().splitlines() or [type(e).__name__])[0]
 
 
+def _describe(e: BaseException) -> str:
+    """The first line of a database error, with the cause spelled out where SQLite is terse."""
+    line = _first_line(e)
+    if line == "database is locked":
+        return (
+            f"database is locked (another process holds a write transaction; waited "
+            f"{sqlite_busy_s():g} s, MLRC_DB_RETRY_S caps the wait)"
+        )
+    return line
+
+
+def _refused(e: BaseException) -> bool:
+    """Did the server refuse the login (wrong password or user, no such database)?"""
+    return any(marker in _first_line(e) for marker in _REFUSED)
+
+
 def retry_connects(engine: Engine, first_s: float = 5.0, connected: bool = False) -> Engine:
     """Make every new connection of ``engine`` retry with exponential backoff (0.5 s → 30 s):
     for ``first_s`` seconds before the first success (a typo fails fast), then for
     :func:`reconnect_window_s` (a restarted server is waited for). With ``pool_pre_ping`` this
-    turns a database restart into a pause. Messages never contain the password."""
+    turns a database restart into a pause. Messages never contain the password.
+
+    A refused login (wrong password or user, no such database) is not retried, and a failed
+    first connection raises :class:`StoreError`, which :func:`retry` does not retry either. Each
+    attempt gives up after ``connect_timeout`` (default: the window left, 2 to 10 s), so a server
+    that accepts connections but never answers cannot hang the caller."""
     if engine.dialect.name == "sqlite":
         return engine
     state = {"connected": connected}
-    where = redact(str(engine.url))
+    where = _shown(engine)
+    timeout_preset = "connect_timeout" in engine.url.query
 
     @event.listens_for(engine, "do_connect")
     def _connect(dialect: Any, conn_rec: Any, cargs: Any, cparams: Any) -> Any:
         window = reconnect_window_s() if state["connected"] else first_s
         deadline, delay = time.monotonic() + window, 0.5
         while True:
+            if dialect.name == "postgresql" and not timeout_preset:
+                left = math.ceil(deadline - time.monotonic())
+                cparams["connect_timeout"] = max(2, min(10, left))
             try:
                 conn = dialect.loaded_dbapi.connect(*cargs, **cparams)
                 state["connected"] = True
                 return conn
             except dialect.loaded_dbapi.OperationalError as e:
-                if time.monotonic() + delay > deadline:
-                    raise
+                if _refused(e) or time.monotonic() + delay > deadline:
+                    if state["connected"]:
+                        raise
+                    raise StoreError(f"{where}: cannot connect ({_first_line(e)})") from None
                 log.warning(
                     "database %s unreachable (%s); retrying in %.1f s", where, _first_line(e), delay
                 )
@@ -232,7 +295,7 @@ def retry(fn: Callable[[], T], engine: Engine, what: str) -> T:
                 raise
             if time.monotonic() + delay > deadline:
                 raise StoreError(
-                    f"{redact(str(engine.url))}: lost the connection while {what} "
+                    f"{_shown(engine)}: lost the connection while {what} "
                     f"and it did not come back ({_first_line(e)})"
                 ) from None
             log.warning("%s: connection lost (%s); retrying in %.1f s", what, _first_line(e), delay)
@@ -277,12 +340,16 @@ def connect(url: str) -> Engine:
 
     PostgreSQL engines ping pooled connections and retry lost ones (:func:`retry_connects`);
     table creation is serialised by an advisory lock, so many workers may start at once."""
-    from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
+    from sqlalchemy.exc import ArgumentError, DBAPIError
 
     try:
         engine = create_engine(url, pool_pre_ping=True, future=True)
-    except (ArgumentError, ImportError) as e:
-        raise StoreError(f"{redact(url)}: cannot use this database URL ({e})") from None
+    except (ArgumentError, ImportError, ValueError) as e:
+        raise StoreError(
+            f"{redact(url)}: cannot use this database URL ({e}; {URL_FORMS})"
+        ) from None
+    if "@" in (engine.url.host or ""):  # the host's name would show the rest of the password
+        raise StoreError(f"{redact(url)}: cannot use this database URL")
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     retry_connects(engine)
@@ -293,15 +360,15 @@ def connect(url: str) -> Engine:
                 row = s.get(Meta, "schema_version")
                 if row is None:
                     s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
-                elif int(row.value) != SCHEMA_VERSION:
+                elif row.value != str(SCHEMA_VERSION):
                     raise StoreError(
                         f"{redact(url)}: written by mlrc schema version {row.value}, this mlrc "
                         f"reads version {SCHEMA_VERSION}"
                     )
             if engine.dialect.name == "postgresql":  # Optuna's tables, created once, serialised
                 optuna_storage(url).engine.dispose()
-    except (OperationalError, DatabaseError) as e:
-        raise StoreError(f"{redact(url)}: {_first_line(e)}") from None
+    except DBAPIError as e:
+        raise StoreError(f"{redact(url)}: {_describe(e)}") from None
     return engine
 
 
@@ -318,17 +385,25 @@ def optuna_storage(url: str, **heartbeat: Any) -> Any:
 
 def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:
     cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout={int(1000 * sqlite_busy_s())}")  # first: WAL may wait
     cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA busy_timeout=30000")
     cur.close()
 
 
 @contextmanager
 def session(engine: Engine) -> Iterator[Session]:
-    """A transaction: committed on success, rolled back on any error."""
+    """A transaction: committed on success, rolled back on any error. On SQLite an operational
+    error (locked past the busy timeout, a read-only file, a full disk) is a :class:`StoreError`."""
+    from sqlalchemy.exc import OperationalError
+
     maker = sessionmaker(engine, expire_on_commit=False)
-    with maker() as s, s.begin():
-        yield s
+    try:
+        with maker() as s, s.begin():
+            yield s
+    except OperationalError as e:
+        if engine.dialect.name != "sqlite":
+            raise  # PostgreSQL: a lost connection, which retry() waits out
+        raise StoreError(f"{_shown(engine)}: {_describe(e)}") from None
 
 
 # --- repository functions ----------------------------------------------------------------------

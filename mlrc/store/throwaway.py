@@ -1,6 +1,7 @@
 """A throwaway local PostgreSQL server: initdb in a temporary directory, loopback only, trust
-authentication, removed on exit. For the tests, the benchmarks and trying a worker pool on one
-machine; never for real studies (no password, no persistence)."""
+authentication (but for roles made by :meth:`PostgresServer.password_role`), removed on exit.
+For the tests, the benchmarks and trying a worker pool on one machine; never for real studies
+(no password, no persistence)."""
 
 from __future__ import annotations
 
@@ -67,18 +68,62 @@ class PostgresServer:
         time.sleep(down_s)
         self.start()
 
-    def new_database(self) -> str:
-        """URL of a new empty database on this server."""
-        import uuid
+    def _admin(self, *statements: str) -> None:
+        """Run ``statements`` (SQL as written: no bind parameters) as the superuser, outside a
+        transaction."""
+        from sqlalchemy import create_engine
 
-        from sqlalchemy import create_engine, text
-
-        name = f"t_{uuid.uuid4().hex[:12]}"
         engine = create_engine(self.url, isolation_level="AUTOCOMMIT")
         with engine.connect() as c:
-            c.execute(text(f"CREATE DATABASE {name}"))
+            for statement in statements:
+                c.exec_driver_sql(statement)
         engine.dispose()
+
+    def new_database(self, owner: str = "mlrc") -> str:
+        """URL (as user ``mlrc``) of a new empty database on this server, owned by ``owner``."""
+        import uuid
+
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        self._admin(f"CREATE DATABASE {name} OWNER {owner}")
         return self.url.rsplit("/", 1)[0] + f"/{name}"
+
+    def password_role(self, role: str, password: str) -> str:
+        """A login role whose TCP connections must give ``password`` (SCRAM; the other roles keep
+        trust authentication) and a new database it owns: its URL, without the password."""
+        hba = self.datadir / "pg_hba.conf"
+        line = f"host all {role} 127.0.0.1/32 scram-sha-256\n"
+        text = hba.read_text()
+        if line not in text:  # the first matching line wins: before the trust lines
+            stat = hba.stat()
+            hba.write_text(line + text)
+            os.chown(hba, stat.st_uid, stat.st_gid)
+        quoted = password.replace("'", "''")
+        self._admin(
+            f"DO $$ BEGIN CREATE ROLE {role}; EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+            f"ALTER ROLE {role} LOGIN PASSWORD '{quoted}'",
+            "SELECT pg_reload_conf()",
+        )
+        self._wait_for_password_auth(role)
+        url = self.new_database(owner=role)
+        return url.replace("//mlrc@", f"//{role}@", 1)
+
+    def _wait_for_password_auth(self, role: str, timeout_s: float = 10.0) -> None:
+        """Until the server (which reloads its configuration asynchronously) refuses ``role``
+        without its password."""
+        import psycopg
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                conninfo = f"host=127.0.0.1 port={self.port} user={role} dbname=postgres"
+                psycopg.connect(conninfo, password="not-the-password", connect_timeout=2).close()
+            except psycopg.OperationalError as e:
+                if "password authentication failed" in str(e):
+                    return
+                raise
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server still trusts role {role} after {timeout_s} s")
+            time.sleep(0.05)
 
 
 @contextlib.contextmanager
