@@ -18,6 +18,7 @@ import os
 import socket
 import threading
 import time
+import urllib.parse
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,8 +29,9 @@ from typing import Any
 import numpy as np
 import optuna
 from optuna.trial import TrialState
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 
 from mlrc import __version__, data, store
 from mlrc.config import LOSS_LR, ResolvedStudy
@@ -42,7 +44,16 @@ from mlrc.protocol.splits import Split
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
 from mlrc.store import EpochMetric, FoldRun, TestResult, Trial, session, upsert
-from mlrc.train.fold import EpochRecord, FoldResult, FoldSpec, _View, embed, load_model, train_fold
+from mlrc.train.fold import (
+    CheckpointError,
+    EpochRecord,
+    FoldResult,
+    FoldSpec,
+    _View,
+    embed,
+    load_model,
+    train_fold,
+)
 
 log = logging.getLogger("mlrc")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -53,6 +64,14 @@ warnings.filterwarnings("ignore", ".*heartbeat.*", optuna.exceptions.Experimenta
 
 class StudyError(RuntimeError):
     """The study cannot run as asked (locked, changed config, no complete trial, ...)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the search; ``trial``: the trial recorded as interrupted."""
+
+    def __init__(self, trial: int | None = None) -> None:
+        super().__init__("interrupted" if trial is None else f"trial {trial} interrupted")
+        self.trial = trial
 
 
 @dataclass
@@ -93,11 +112,26 @@ def open_study(
     artifacts: str | Path,
     device: str = "cpu",
     progress: bool = True,
+    force_new: bool = False,
 ) -> Iterator[Context]:
-    """Connect, register (or check) the study, load the dataset; hold a lock for SQLite."""
+    """Connect, register (or check) the study, load the dataset; hold a lock for SQLite.
+    ``force_new``: a stored study of the same name with another configuration is archived
+    (:func:`archive_study`) and this one starts afresh; otherwise that is refused."""
     engine = store.connect(url)
     with _sqlite_lock(engine, resolved.study.name):
-        yield build_context(resolved, url, artifacts, device, progress, engine)
+        if force_new:
+            old = store.transact(
+                engine, lambda s: store.get_study(s, resolved.study.name), "reading the study"
+            )
+            if old is not None and store.canonical_json(old.config) != store.canonical_json(
+                resolved.fingerprint()
+            ):
+                new_name = archive_study(engine, resolved.study.name, Path(artifacts))
+                log.warning("the stored study %r was archived as %r", resolved.study.name, new_name)
+        ctx = build_context(resolved, url, artifacts, device, progress, engine)
+        for warning in data.check_dataset(ctx.dataset, ctx.split.trainval_classes):
+            log.warning("%s", warning)  # one-image training classes, duplicate files
+        yield ctx
 
 
 def build_context(
@@ -139,8 +173,15 @@ def _sqlite_lock(engine: Engine, name: str) -> Iterator[None]:
     if engine.dialect.name != "sqlite" or not engine.url.database:
         yield
         return
-    path = Path(f"{engine.url.database}.{name}.lock")
-    with open(path, "a+") as f:
+    database = engine.url.database
+    if database.startswith("file:"):  # a URI filename (uri=true): its path part
+        database = urllib.parse.urlsplit(database).path
+    path = Path(f"{database}.{name}.lock")
+    try:
+        lock = open(path, "a+")  # noqa: SIM115 — closed by the with below
+    except OSError as e:
+        raise StudyError(f"{path}: cannot create the study's lock file ({e.strerror})") from None
+    with lock as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -180,9 +221,39 @@ def _register(engine: Engine, resolved: ResolvedStudy) -> int:
             changed = _first_difference(row.config, config)
             raise StudyError(
                 f"study {resolved.study.name!r} already exists in the store with a different "
-                f"configuration ({changed}); give the study a new name"
+                f"configuration ({changed}); give the study a new name, or pass --force-new to "
+                "archive the stored one as NAME.old-K and start afresh"
             )
         return row.id
+
+
+def archive_study(engine: Engine, name: str, artifacts: Path) -> str:
+    """Rename a stored study, its Optuna study and its artifact directory to ``NAME.old-K``
+    (the first free K) and point its checkpoint paths there; nothing is deleted."""
+    from sqlalchemy import inspect, text, update
+
+    with store.advisory_lock(engine, "mlrc-register"), session(engine) as s:
+        taken = set(
+            s.scalars(select(store.Study.name).where(store.Study.name.like(f"{name}.old-%")))
+        )
+        new = next(f"{name}.old-{k}" for k in range(1, 10_000) if f"{name}.old-{k}" not in taken)
+        row = store.get_study(s, name)
+        row.name = new
+        if "studies" in inspect(s.connection()).get_table_names():  # Optuna's tables
+            s.execute(
+                text("UPDATE studies SET study_name = :new WHERE study_name = :old"),
+                {"new": new, "old": name},
+            )
+        src, dst = artifacts / name, artifacts / new
+        if src.exists():
+            s.execute(
+                update(FoldRun)
+                .where(FoldRun.study_id == row.id, FoldRun.checkpoint.like(f"{src}/%"))
+                .values(checkpoint=func.replace(FoldRun.checkpoint, f"{src}/", f"{dst}/"))
+            )
+            s.flush()
+            os.replace(src, dst)  # last: a failure before it rolls the rows back
+    return new
 
 
 def _first_difference(a: Any, b: Any, where: str = "") -> str:
@@ -267,8 +338,7 @@ def run_search(
         if ctx.engine.dialect.name == "sqlite":  # the file lock proves no other process runs
             _recover_interrupted(ctx, ostudy, storage, study_id)
         if not ostudy.user_attrs.get("enqueued"):
-            for params in ctx.resolved.study.search.enqueue:
-                ostudy.enqueue_trial(params)
+            _enqueue_once(ostudy, ctx.resolved.study.search.enqueue)
             ostudy.set_user_attr("enqueued", True)
     while True:
         claim = store.retry(
@@ -279,7 +349,10 @@ def run_search(
         if claim == "wait":
             time.sleep(poll_s)
             continue
-        with _Heartbeat(storage, claim.trial_id, heartbeat_s):
+        with (
+            _Heartbeat(storage, claim.trial_id, heartbeat_s),
+            _interrupted_on_exit(ctx, ostudy, storage, study_id, claim),
+        ):
             try:
                 value, reason = _objective(
                     ctx, claim.trial.number, claim.params, should_prune=_pruning(ctx, claim.trial)
@@ -429,12 +502,76 @@ def _mark_interrupted(ctx: Context, t: optuna.trial.FrozenTrial, reason: str) ->
 def _recover_interrupted(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
     """Trials left RUNNING by a dead process: fail them ("interrupted") and retry their params."""
     for t in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
-        storage.set_trial_user_attr(trial_id, "reason", "interrupted")
-        storage.set_trial_state_values(trial_id, TrialState.FAIL)
-        _mark_interrupted(ctx, t, "interrupted")
-        ostudy.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+        _retry_interrupted(ctx, ostudy, storage, study_id, t)
         log.warning("trial %d was interrupted; retrying its parameters", t.number)
+
+
+def _retry_interrupted(
+    ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int, t: optuna.trial.FrozenTrial
+) -> None:
+    """Record the RUNNING trial ``t`` as interrupted: retried, not counted. Idempotent, and in an
+    order that a kill at any step leaves repairable — mlrc's row, the retry (enqueued once), then
+    Optuna's FAIL: until that last write the trial is still RUNNING and the next run redoes it."""
+    _mark_interrupted(ctx, t, "interrupted")
+    params = _retry_params(ctx, t)
+    retried = any(o.user_attrs.get("retry_of") == t.number for o in ostudy.get_trials(False))
+    if params is not None and not retried:
+        ostudy.enqueue_trial(params, user_attrs={"retry_of": t.number})
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+    storage.set_trial_user_attr(trial_id, "reason", "interrupted")
+    storage.set_trial_state_values(trial_id, TrialState.FAIL)
+
+
+def _retry_params(ctx: Context, t: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
+    """What to retry ``t`` with: all its parameters once drawn, else those it was enqueued with,
+    else nothing — killed while its parameters were being drawn, it is drawn again by the next
+    trial from the same per-position sampler seed (see :func:`_claim`)."""
+    if set(ctx.resolved.space) <= set(t.params):
+        return dict(t.params)
+    fixed = t.system_attrs.get("fixed_params")
+    return dict(fixed) if fixed else None
+
+
+def _enqueue_once(ostudy: optuna.Study, enqueue: list[dict[str, Any]]) -> None:
+    """The study file's ``enqueue`` list, each entry once even if a kill interrupts the loop."""
+    seen = {t.user_attrs.get("enqueue_index") for t in ostudy.get_trials(deepcopy=False)}
+    for i, params in enumerate(enqueue):
+        if i not in seen:
+            ostudy.enqueue_trial(params, user_attrs={"enqueue_index": i})
+
+
+@contextmanager
+def _interrupted_on_exit(
+    ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim
+) -> Iterator[None]:
+    """A trial stopped by Ctrl-C, SIGTERM (the CLI turns it into KeyboardInterrupt) or an error
+    that ends the process (disk full, unreadable image, ...) is recorded as interrupted at once —
+    retried, not counted — and the exception goes on; KeyboardInterrupt becomes
+    :class:`Interrupted`, naming the trial. A lost database is left to the next run."""
+    try:
+        yield
+    except BaseException as e:
+        if not isinstance(e, store.StoreError | DBAPIError):
+            _record_interrupt(ctx, ostudy, storage, study_id, claim)
+        if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):
+            raise Interrupted(claim.trial.number) from e
+        raise
+
+
+def _record_interrupt(
+    ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim
+) -> None:
+    try:
+        with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
+            t = storage.get_trial(claim.trial_id)
+            if t.state == TrialState.RUNNING:
+                _retry_interrupted(ctx, ostudy, storage, study_id, t)
+    except Exception as e:  # noqa: BLE001 — recovered later (next run / heartbeat); one line
+        log.warning(
+            "trial %d not recorded as interrupted now (%s); it is recovered later",
+            claim.trial.number,
+            store._first_line(e),
+        )
 
 
 FoldRunner = Callable[["Context", dict[str, Any], int], Iterator[tuple[int, FoldResult]]]
@@ -630,7 +767,10 @@ def run_fold(
         desc=f"{label} · fold {fold}",
         progress=ctx.progress,
     )
-    res = train_fold(spec, on_validation=record)
+    try:
+        res = train_fold(spec, on_validation=record)
+    except CheckpointError as e:  # disk full, unreadable last.pt: the run stops, one line
+        raise StudyError(str(e)) from None
     for rec in res.history:  # a resumed fold re-reports nothing: make sure every epoch is stored
         record(rec)
     best = res.best or {}

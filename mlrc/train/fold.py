@@ -9,11 +9,21 @@ a callback, and returns a ``FoldResult``. Checkpoints in ``spec.workdir``:
 
 Re-running a fold whose ``last.pt`` exists resumes after the last finished epoch (a process killed
 with SIGKILL loses at most one epoch); a finished fold returns its result without training.
+
+Crash consistency: every file is written to a temp file, fsynced and renamed (a kill leaves the
+previous version; a full disk raises a one-line :class:`CheckpointError` and removes the temp
+file). A new best model is first written as ``best.pending-e<epoch>.pt`` and becomes ``best.pt``
+only after ``last.pt`` has recorded that epoch as best, so ``best.pt`` always holds the model of
+the best epoch that ``last.pt`` (and hence the store) knows. ``last.pt`` holds only tensors and
+plain Python values and is loaded with ``weights_only=True``.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -31,6 +41,8 @@ from mlrc.data.transforms import eval_transform, train_transform
 from mlrc.methods import losses, miners, samplers, strategies
 from mlrc.models.trunks import TRUNKS, Embedder, freeze_batchnorm
 from mlrc.protocol import retrieval_metrics
+
+log = logging.getLogger("mlrc")
 
 
 @dataclass
@@ -191,10 +203,142 @@ def embed(
     return torch.cat(out).numpy(), torch.cat(labels).numpy()
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written (disk full, file too large) or read back; one line."""
+
+
+class _RecordingWriter:
+    """The file object handed to ``torch.save``: keeps the first ``OSError`` of a write, which
+    torch reports only as an opaque RuntimeError ("unexpected pos ...")."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.error = f, None
+
+    def write(self, b: bytes) -> int:
+        try:
+            return self.f.write(b)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def _temp_path(path: Path) -> Path:
+    """The temp file of one writer: host and pid, so stale ones can be told from live ones."""
+    return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+
+
 def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """Write ``obj`` to ``path`` all or nothing: temp file, fsync, rename, fsync of the folder.
+    On a failed write the temp file is removed and ``path`` keeps its previous content."""
+    tmp, writer = _temp_path(path), None
+    try:
+        with open(tmp, "wb") as f:
+            writer = _RecordingWriter(f)
+            torch.save(obj, writer)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:  # also Ctrl-C mid-write: never leave a temp file behind
+        tmp.unlink(missing_ok=True)
+        err = writer.error if writer is not None and writer.error is not None else e
+        if isinstance(err, OSError):
+            what = "disk full / file too large" if err.errno in FULL else "cannot write"
+            raise CheckpointError(f"{what} writing {path} ({err.strerror or err})") from None
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename durable (a no-op where directories cannot be fsynced)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_temps(folder: Path) -> None:
+    """Temp files of this host's dead processes (killed mid-write) in ``folder``."""
+    host = socket.gethostname()
+    for tmp in folder.glob(".*.tmp-*"):
+        rest, _, pid = tmp.name.rpartition("-")
+        if rest.endswith(f".tmp-{host}") and pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # ours, from before: this process is not writing it now
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _plain(obj: Any) -> Any:
+    """``obj`` with numpy scalars and arrays as Python numbers and tensors (``weights_only``)."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj] if isinstance(obj, list) else tuple(map(_plain, obj))
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy())
+    return obj
+
+
+def _pending_best(best_path: Path, epoch: int) -> Path:
+    return best_path.with_name(f"{best_path.stem}.pending-e{epoch}{best_path.suffix}")
+
+
+def _commit_best(best_path: Path, best_epoch: int | None) -> None:
+    """``best.pending-e<best_epoch>.pt`` → ``best.pt``, once ``last.pt`` records that epoch."""
+    pending = _pending_best(best_path, best_epoch) if best_epoch is not None else None
+    if pending is not None and pending.is_file():
+        os.replace(pending, best_path)
+        _fsync_dir(best_path.parent)
+
+
+def _resume_state(last: Path, best_path: Path) -> dict[str, Any] | None:
+    """The state saved in ``last.pt`` (``None``: train from scratch), with ``best.pt`` made to
+    agree with it: a pending best model that ``last.pt`` records is committed, one it does not
+    (killed before ``last.pt`` was written) is dropped; a state whose ``best.pt`` is gone is
+    discarded (the fold is trained again, with the same seed)."""
+    _remove_stale_temps(last.parent)
+    state = _load_checkpoint(last) if last.is_file() else None
+    best_epoch = state["best_epoch"] if state is not None else None
+    _commit_best(best_path, best_epoch)
+    for pending in last.parent.glob(f"{best_path.stem}.pending-e*{best_path.suffix}"):
+        pending.unlink(missing_ok=True)
+    if state is not None and state["best"] is not None and not best_path.is_file():
+        log.warning("%s is missing: training %s again from the start", best_path, last.parent)
+        return None
+    return state
+
+
+def _load_checkpoint(path: Path) -> dict[str, Any]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 — any unreadable file: one line naming it
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise CheckpointError(
+            f"cannot resume from {path} ({first}); delete it to train this fold again"
+        ) from None
 
 
 def train_fold(
@@ -204,7 +348,7 @@ def train_fold(
     p, t0 = spec.preset, time.monotonic()
     spec.workdir.mkdir(parents=True, exist_ok=True)
     last, best_path = spec.workdir / "last.pt", spec.workdir / "best.pt"
-    state = torch.load(last, map_location="cpu", weights_only=False) if last.is_file() else None
+    state = _resume_state(last, best_path)
     if state is not None and state.get("result") is not None:
         return FoldResult(
             **{**state["result"], "history": [EpochRecord(**h) for h in state["history"]]}
@@ -246,12 +390,17 @@ def train_fold(
         )
     spec_in = model.trunk.input_spec
     im = p.image
+    dataset = spec.dataset
+    if p.decoded_cache:  # decoded once, resized to im.resize: the same tensors, no JPEG decoding
+        from mlrc.data.cache import decoded_cache, default_cache_dir
+
+        dataset = decoded_cache(dataset, im.resize, default_cache_dir(), progress=spec.progress)
     train_set = _View(
-        spec.dataset,
+        dataset,
         spec.train_classes,
         train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, spec_in),
     )
-    val_set = _View(spec.dataset, spec.val_classes, eval_transform(im.resize, im.crop, spec_in))
+    val_set = _View(dataset, spec.val_classes, eval_transform(im.resize, im.crop, spec_in))
     sampler = samplers.build(
         spec.sampler,
         labels=train_set.labels,
@@ -278,6 +427,8 @@ def train_fold(
         sampler.set_state(state["sampler"])
         if state.get("strategy") is not None:
             strategy.load_state_dict(state["strategy"])
+        if state.get("scaler"):  # fp16 only; empty when the scaler is disabled
+            scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["torch_rng"])
         history = [EpochRecord(**h) for h in state["history"]]
         best_epoch, best, start_epoch = state["best_epoch"], state["best"], state["epoch"] + 1
@@ -312,15 +463,18 @@ def train_fold(
                 "loss": loss_fn.state_dict(),
                 "opt": opt.state_dict(),
                 "loss_opt": loss_opt.state_dict() if loss_opt is not None else None,
-                "sampler": sampler.state(),
+                "sampler": _plain(sampler.state()),
                 "strategy": strategy.state_dict(),
+                "scaler": scaler.state_dict(),
                 "torch_rng": torch.get_rng_state(),
                 "epoch": epoch,
                 "best_epoch": best_epoch,
-                "best": best,
-                "history": [asdict(h) for h in history],
+                "best": _plain(best),
+                "history": _plain([asdict(h) for h in history]),
                 "wall_time_s": time.monotonic() - t0,
-                "result": {k: v for k, v in asdict(res).items() if k != "history"} if res else None,
+                "result": _plain({k: v for k, v in asdict(res).items() if k != "history"})
+                if res
+                else None,
             },
             last,
         )
@@ -353,7 +507,7 @@ def train_fold(
                 freeze_batchnorm(model.trunk)
             loss_sum, n = 0.0, 0
             if sampler.needs_bank and epoch == start_epoch:  # bank from the current model
-                bank_view = _View(spec.dataset, spec.train_classes, val_set.transform)
+                bank_view = _View(dataset, spec.train_classes, val_set.transform)
                 bank, _ = embed(model, bank_view, p.eval_batch_size, spec.device, p.num_workers)
                 sampler.set_bank(torch.from_numpy(bank))
                 model.train()
@@ -409,10 +563,11 @@ def train_fold(
                     best = {
                         k: getattr(rec, k) for k in ("map_at_r", "precision_at_1", "r_precision")
                     }
-                    _atomic_save(model.state_dict(), best_path)
+                    _atomic_save(model.state_dict(), _pending_best(best_path, epoch))
                 if epoch - best_epoch > patience:
                     return finish("complete", None, epoch)
             checkpoint(epoch)
+            _commit_best(best_path, best_epoch)  # best.pt only once last.pt knows that epoch
         return finish("complete", None, p.max_epochs)
     finally:
         bar.close()
