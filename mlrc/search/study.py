@@ -561,6 +561,7 @@ def _interrupted_on_exit(
 def _record_interrupt(
     ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim
 ) -> None:
+    """The claimed trial, if still RUNNING, as interrupted now (a failure here is only logged)."""
     try:
         with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
             t = storage.get_trial(claim.trial_id)
