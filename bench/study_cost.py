@@ -9,7 +9,7 @@ one SQLite store. Counted from the store: fold trainings (search-stage fold runs
 and in the trials up to and including the final best one; the best validation MAP@R and the
 SEM over its 4 folds. Goal (issue #7): ≥ 40% fewer fold trainings to reach the best trial with
 pruning, and its best within one fold-SEM of the unpruned study's. The reference preset never
-prunes; report tables mark a pruned study with ‡. Writes bench/results/study_cost.csv.
+prunes; report tables mark a pruned study with ‡. Writes bench/results/study_cost-seed<S>.csv.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def main() -> None:
     )
     console.print(f"machine: {machine()}", soft_wrap=True)
     console.print(
-        f"wrote {write_csv(df.assign(max_epochs=epochs, sampler=a.sampler), 'study_cost')}"
+        f"wrote {write_csv(df.assign(max_epochs=epochs, sampler=a.sampler, seed=a.seed), f'study_cost-seed{a.seed}')}"
     )
 
 

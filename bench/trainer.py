@@ -19,6 +19,7 @@ Writes bench/results/trainer.csv. Goal (issue #7): trainer ≥ 0.95 × bare iter
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -52,15 +53,15 @@ def setup(iterations: int, epochs: int):
         {
             "iterations_per_epoch": iterations,
             "max_epochs": epochs,
-            "validate_every": {"default": epochs},
+            "validate_every": {"default": 1},
             "patience": {"default": epochs},
         },
     )
     return ds, fold, preset
 
 
-def bare_loop(ds, fold, preset, device: str) -> float:
-    """Seconds for epochs 2..max_epochs of plain training steps (epoch 1 warms up)."""
+def bare_loop(ds, fold, preset, device: str) -> list[float]:
+    """Seconds of each of epochs 2..max_epochs of plain training steps (epoch 1 warms up)."""
     torch.manual_seed(SEED)
     model = build_model(preset).to(device)
     im = model.trunk.input_spec
@@ -82,20 +83,20 @@ def bare_loop(ds, fold, preset, device: str) -> float:
         model.parameters(), lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum
     )
     loader = DataLoader(_Indexed(view), batch_sampler=sampler)
-    t0 = time.perf_counter()
-    for epoch in range(preset.max_epochs):
-        if epoch == 1:
-            t0 = time.perf_counter()
+    ends = [time.perf_counter()]
+    for _ in range(preset.max_epochs):
         model.train()
         for x, y, _idx in loader:
             loss = loss_fn(model(x.to(device)), y.to(device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-    return time.perf_counter() - t0
+        ends.append(time.perf_counter())
+    return [b - a for a, b in zip(ends[1:-1], ends[2:], strict=True)]
 
 
-def trainer(ds, fold, preset, device: str) -> float:
+def trainer(ds, fold, preset, device: str) -> list[float]:
+    """Seconds of each of epochs 2..max_epochs of ``train_fold`` (between validation calls)."""
     with tempfile.TemporaryDirectory() as tmp:
         spec = FoldSpec(
             ds,
@@ -111,59 +112,62 @@ def trainer(ds, fold, preset, device: str) -> float:
             device=device,
             progress=True,  # the bar is part of the trainer's cost (drawn to stderr)
         )
-        t0 = time.perf_counter()
-        res = train_fold(spec)
-        elapsed = time.perf_counter() - t0
+        ends: list[float] = []
+        res = train_fold(spec, on_validation=lambda _rec: ends.append(time.perf_counter()))
     assert res.status == "complete", res.reason
-    return elapsed
+    return [b - a for a, b in zip(ends[1:-1], ends[2:], strict=True)]  # ends[0]: epoch 0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=50, help="iterations per epoch")
-    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--quick", action="store_true", help="10 iterations × 2 epochs, 1 repeat")
+    ap.add_argument("--quick", action="store_true", help="10 iterations × 3 epochs, 1 repeat")
     a = ap.parse_args()
     if a.quick:
         a.iterations, a.epochs, a.repeats = 10, 3, 1
+    torch.set_num_threads(a.threads)
     ds, fold, preset = setup(a.iterations, a.epochs)
     times: dict[str, list[float]] = {"bare loop": [], "train_fold": []}
-    _, _, one_epoch = setup(a.iterations, 1)
     for _ in range(a.repeats):  # interleaved, so load changes hit both sides alike
-        times["bare loop"].append(bare_loop(ds, fold, preset, a.device))
-        t_all = trainer(ds, fold, preset, a.device)
-        times["train_fold"].append(t_all - trainer(ds, fold, one_epoch, a.device))
-    n = a.iterations * (a.epochs - 1)
+        times["bare loop"] += bare_loop(ds, fold, preset, a.device)
+        times["train_fold"] += trainer(ds, fold, preset, a.device)
     rows = [
         {
             "side": side,
-            "iterations": n,
-            "best_s": min(t),
-            "it_per_s": n / min(t),
+            "epochs_timed": len(t),
+            "median_epoch_s": statistics.median(t),
+            "it_per_s": a.iterations / statistics.median(t),
             "all_s": " ".join(f"{x:.2f}" for x in t),
         }
         for side, t in times.items()
     ]
     df = pd.DataFrame(rows)
     df["ratio_to_bare"] = df["it_per_s"] / df.loc[0, "it_per_s"]
-    table = Table(title=f"fold trainer vs bare loop ({a.device}, batch 32, cpu preset, {LOSS})")
-    for col in ("side", "iterations", "best s", "it/s", "× bare", "runs (s)"):
-        table.add_column(col, justify="left" if col in ("side", "runs (s)") else "right")
+    title = (
+        f"fold trainer vs bare loop ({a.device}, {a.threads} thread(s), batch 32, cpu preset, "
+        f"{LOSS}, {a.iterations} it/epoch)"
+    )
+    table = Table(title=title)
+    for col in ("side", "epochs timed", "median epoch s", "it/s", "× bare", "epochs (s)"):
+        table.add_column(col, justify="left" if col in ("side", "epochs (s)") else "right")
     for r in df.itertuples():
         table.add_row(
             r.side,
-            str(r.iterations),
-            f"{r.best_s:.2f}",
+            str(r.epochs_timed),
+            f"{r.median_epoch_s:.3f}",
             f"{r.it_per_s:.1f}",
             f"{r.ratio_to_bare:.3f}",
             r.all_s,
         )
-    console = Console()
+    console = Console(width=max(Console().width, 140))
     console.print(table)
     console.print(f"machine: {machine()}", soft_wrap=True)
-    console.print(f"wrote {write_csv(df.assign(device=a.device), 'trainer')}")
+    out = df.assign(device=a.device, threads=a.threads, iterations_per_epoch=a.iterations)
+    console.print(f"wrote {write_csv(out, 'trainer')}")
 
 
 if __name__ == "__main__":

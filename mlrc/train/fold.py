@@ -541,11 +541,17 @@ def train_fold(
                 opt.zero_grad(set_to_none=True)
                 if loss_opt is not None:
                     loss_opt.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()  # fp16: scaled gradients; otherwise as is
-                scaler.step(opt)
-                if loss_opt is not None:
-                    scaler.step(loss_opt)
-                scaler.update()
+                if scaler.is_enabled():  # fp16: scaled gradients, steps skipped on inf/NaN
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    if loss_opt is not None:
+                        scaler.step(loss_opt)
+                    scaler.update()
+                else:
+                    loss.backward()
+                    opt.step()
+                    if loss_opt is not None:
+                        loss_opt.step()
                 loss_sum, n = loss_sum + loss.item(), n + 1
                 bar.update(1)
                 bar.set_postfix(
