@@ -354,7 +354,7 @@ def connect(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
     retry_connects(engine)
     try:
-        with advisory_lock(engine, "mlrc-schema"):
+        with advisory_lock(engine, "mlrc-schema"), _sqlite_file_lock(engine, "schema"):
             Base.metadata.create_all(engine)
             with Session(engine) as s, s.begin():
                 row = s.get(Meta, "schema_version")
@@ -365,11 +365,38 @@ def connect(url: str) -> Engine:
                         f"{redact(url)}: written by mlrc schema version {row.value}, this mlrc "
                         f"reads version {SCHEMA_VERSION}"
                     )
-            if engine.dialect.name == "postgresql":  # Optuna's tables, created once, serialised
-                optuna_storage(url).engine.dispose()
+            # Optuna's tables, created once under the lock: two processes creating them at once
+            # race on Optuna's alembic_version row (an IntegrityError for the second).
+            optuna_storage(url).engine.dispose()
     except DBAPIError as e:
         raise StoreError(f"{redact(url)}: {_describe(e)}") from None
     return engine
+
+
+@contextmanager
+def _sqlite_file_lock(engine: Engine, name: str) -> Iterator[None]:
+    """On a SQLite file, an exclusive ``flock`` on ``<database>.<name>.lock`` (released when the
+    process dies); a no-op for PostgreSQL and in-memory databases."""
+    import fcntl
+    import urllib.parse
+
+    database = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not database or database == ":memory:":
+        yield
+        return
+    if database.startswith("file:"):  # a URI filename (uri=true): its path part
+        database = urllib.parse.urlsplit(database).path
+    try:
+        f = open(f"{database}.{name}.lock", "a+")  # noqa: SIM115 — closed below
+    except OSError:  # a read-only folder: nothing can be created there, so nothing races
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def optuna_storage(url: str, **heartbeat: Any) -> Any:

@@ -413,3 +413,17 @@ def test_unreachable_servers_fail_within_the_first_connection_window(monkeypatch
     assert timeout == f"{shown[1]}: cannot connect (connection timeout expired)"
     assert 4 <= timeout_s < 9  # one attempt, given the 5 s of the window
     no_secret_in_logs(caplog)
+
+
+def test_processes_creating_a_fresh_sqlite_store_at_once_all_succeed(tmp_path):
+    """Optuna's RDBStorage creates its tables and inserts its alembic version in two steps: two
+    processes doing it at once on a new file race (IntegrityError for the loser; 15 of 18
+    processes failed here without the lock). ``connect`` serialises it with a file lock."""
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    code = f"from mlrc import store; store.connect({url!r}); store.optuna_storage({url!r})"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+        for _ in range(6)
+    ]
+    errors = [p.stderr.read() for p in procs if p.wait() != 0]
+    assert errors == []
