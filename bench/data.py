@@ -10,12 +10,13 @@ random colour fields plus fine grain, quality 90: about 50 KB each), wraps them 
 ratio 0.75–1.33) → flip → ToTensor → BN-Inception input (BGR, 0–255, mean subtracted)) through a
 ``DataLoader`` (batch 32, shuffled, default collate) with
 
-- ``decode per step``: every sample read from its JPEG and decoded (what training does now);
+- ``decode per step``: every sample read from its JPEG and decoded;
 - ``decoded cache``: ``mlrc.data.cache.decoded_cache(ds, 256, dir)``, same transform;
-- ``… + uint8 †``: a *proposed* variant, not what training does today: the transform ends
-  at uint8 CHW in the trunk's channel order (``PILToTensor``), and ``uint8_to_trunk_input``
-  (float, /255, ×range, −mean, /std: bit-identical to the current tail) runs on the batch on
-  the training device — timed here on the CPU in the main process, after the batch arrives.
+- ``… + uint8 †``: what the fold trainer runs: the transform ends at uint8 CHW in the trunk's
+  channel order (``train_transform(..., uint8=True)``) and ``to_trunk_input`` (float, /255,
+  ×range, −mean, /std: bit-identical to the per-image float tail) runs on the batch on the
+  training device — timed here on the CPU in the main process, after the batch arrives.
+  Without ``†``: the float tail per image in the loader (the transform's default).
 
 Each runs with ``num_workers`` 0 (torch limited to 1 thread: one core's throughput) and 2
 (persistent workers). Epochs alternate between the pipelines, so machine load hits all alike.
@@ -53,7 +54,7 @@ from common import machine, write_csv  # noqa: E402
 from mlrc.config import ImageSpec, load_preset  # noqa: E402
 from mlrc.data.base import ImageDataset  # noqa: E402
 from mlrc.data.cache import decoded_cache  # noqa: E402
-from mlrc.data.transforms import train_transform  # noqa: E402
+from mlrc.data.transforms import to_trunk_input, train_transform  # noqa: E402
 from mlrc.models.trunks import BNInception  # noqa: E402
 
 SIZES = [(500, 375), (375, 500), (500, 333)]  # (width, height); CUB photos are mostly these
@@ -82,31 +83,17 @@ def make_jpegs(folder: Path, n: int, seed: int = 0) -> list[str]:
     return paths
 
 
-# --- the proposed uint8 variant ------------------------------------------------------------------
+# --- the uint8 variant: what training does ---------------------------------------------------
 
 
 def uint8_train_transform(im: ImageSpec, spec: dict) -> T.Compose:
-    """The training transform's random steps (same RNG draws), ending at uint8 CHW in the trunk's
-    channel order; ``uint8_to_trunk_input`` finishes it on a batch."""
-    steps = [T.Resize(im.resize), T.RandomResizedCrop(im.crop, scale=im.scale, ratio=im.ratio)]
-    if im.flip:
-        steps.append(T.RandomHorizontalFlip(0.5))
-    steps.append(T.PILToTensor())
-    if spec["bgr"]:
-        steps.append(T.Lambda(_reverse_channels))
-    return T.Compose(steps)
-
-
-def _reverse_channels(x: torch.Tensor) -> torch.Tensor:
-    return x.flip(0)
+    """The training transform as the fold trainer runs it: the same random steps, ending at
+    uint8 CHW in the trunk's channel order; ``to_trunk_input`` finishes it on the batch."""
+    return train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, spec, uint8=True)
 
 
 def uint8_to_trunk_input(x: torch.Tensor, spec: dict) -> torch.Tensor:
-    """uint8 (…, 3, H, W) → the trunk's float input, the same float32 ops as ToTensor →
-    ×input_range → Normalize (so bit-identical); meant to run on the training device."""
-    mean = torch.tensor(spec["mean"], device=x.device).view(3, 1, 1)
-    std = torch.tensor(spec["std"], device=x.device).view(3, 1, 1)
-    return x.float().div_(255).mul_(float(spec["input_range"])).sub_(mean).div_(std)
+    return to_trunk_input(x, spec)
 
 
 # --- measurements --------------------------------------------------------------------------------
@@ -144,8 +131,8 @@ def stage_profile(plain: ImageDataset, cached: ImageDataset, im: ImageSpec, spec
     """Milliseconds per image of each step of the training transform, one process."""
     crop = T.RandomResizedCrop(im.crop, scale=im.scale, ratio=im.ratio)
     full = train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, spec)
-    tail = T.Compose(full.transforms[-3:])  # ToTensor → trunk range/order → Normalize
-    u8_tail = uint8_train_transform(im, spec).transforms[-2:]  # PILToTensor → channel order
+    tail = full.transforms[-1]  # ToTrunkInput: uint8 → trunk range/order → Normalize
+    u8_tail = uint8_train_transform(im, spec).transforms[-1]  # ToUint8Input: channel order
     resize, flip = T.Resize(im.resize), T.RandomHorizontalFlip(0.5)
     n = len(plain)
     decoded = [plain.load_image(i) for i in range(n)]
@@ -157,8 +144,8 @@ def stage_profile(plain: ImageDataset, cached: ImageDataset, im: ImageSpec, spec
         "cache: array → PIL (open_image)": cached.load_image,
         "RandomResizedCrop 227": lambda i: crop(resized[i]),
         "flip": lambda i: flip(cropped[i]),
-        "ToTensor → range/BGR → Normalize": lambda i: tail(cropped[i]),
-        "† PILToTensor → BGR (uint8)": lambda i: u8_tail[1](u8_tail[0](cropped[i])),
+        "to float trunk input (per image)": lambda i: tail(cropped[i]),
+        "† to uint8 CHW, BGR (per image)": lambda i: u8_tail(cropped[i]),
         "whole transform, decode per step": lambda i: full(plain.load_image(i)),
         "whole transform, decoded cache": lambda i: full(cached.load_image(i)),
     }
@@ -272,7 +259,7 @@ def _print(console: Console, df: pd.DataFrame, args, kb: float, cache_mb: float)
                 f"{ratio:.2f}",
             )
     console.print(table)
-    console.print("† proposed: uint8 batches, normalised after collation (see the docstring)")
+    console.print("† what training does: uint8 batches, normalised on the device after collation")
     for measure in ("cache build", "cache reopen"):
         row = df[df.measure == measure].iloc[0]
         console.print(f"{measure}: {row.seconds:.2f} s ({row.images_per_s:.0f} images/s)")

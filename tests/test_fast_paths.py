@@ -113,7 +113,7 @@ def test_one_step_trunk_input_is_bit_identical_to_torchvision(spec):
     from PIL import Image
     from torchvision import transforms as T
 
-    from mlrc.data.transforms import ToTrunkInput
+    from mlrc.data.transforms import ToTrunkInput, ToUint8Input, to_trunk_input
 
     rng = np.random.default_rng(0)
     pic = Image.fromarray(rng.integers(0, 256, (37, 29, 3), dtype=np.uint8))
@@ -121,6 +121,13 @@ def test_one_step_trunk_input_is_bit_identical_to_torchvision(spec):
     x = x[[2, 1, 0]] if spec["bgr"] else x
     expected = T.Normalize(spec["mean"], spec["std"])(x)
     assert torch.equal(ToTrunkInput(spec)(pic), expected)
+    # the training loop's split: uint8 per image on the CPU, a whole batch normalised at once
+    pics = [pic, Image.fromarray(rng.integers(0, 256, (37, 29, 3), dtype=np.uint8))]
+    batch = torch.stack([ToUint8Input(spec)(p) for p in pics])
+    assert batch.dtype == torch.uint8
+    assert torch.equal(
+        to_trunk_input(batch, spec), torch.stack([ToTrunkInput(spec)(p) for p in pics])
+    )
 
 
 def test_decoded_cache_trains_the_very_same_fold(glyphs_ds, tmp_path, plain, monkeypatch):

@@ -12,18 +12,37 @@ class ToTrunkInput:
     ``input_range`` (1 or 255), channels RGB or BGR, then ``(x − mean) / std``.
 
     The same float32 operations, in the same order, as ``ToTensor → ×range → [BGR] → Normalize``
-    (bit-identical, tested), in one step: the channel swap happens on uint8."""
+    (bit-identical, tested), in one step: the channel swap happens on uint8. Split in two for
+    the training loop: :class:`ToUint8Input` on the CPU, :func:`to_trunk_input` on the device."""
 
     def __init__(self, spec: dict) -> None:
-        self.input_range, self.bgr = float(spec["input_range"]), bool(spec["bgr"])
-        self.mean = torch.tensor(spec["mean"], dtype=torch.float32).view(-1, 1, 1)
-        self.std = torch.tensor(spec["std"], dtype=torch.float32).view(-1, 1, 1)
+        self.spec = spec
+        self.to_uint8 = ToUint8Input(spec)
+
+    def __call__(self, pic: object) -> torch.Tensor:
+        return to_trunk_input(self.to_uint8(pic), self.spec)
+
+
+class ToUint8Input:
+    """RGB PIL image → uint8 CHW tensor in the trunk's channel order (RGB or BGR), 0–255."""
+
+    def __init__(self, spec: dict) -> None:
+        self.bgr = bool(spec["bgr"])
 
     def __call__(self, pic: object) -> torch.Tensor:
         x = F.pil_to_tensor(pic)
-        if self.bgr:
-            x = x.flip(0)
-        return x.float().div_(255).mul_(self.input_range).sub_(self.mean).div_(self.std)
+        return x.flip(0) if self.bgr else x
+
+
+def to_trunk_input(x: torch.Tensor, spec: dict) -> torch.Tensor:
+    """uint8 (…, 3, H, W) from :class:`ToUint8Input` → the trunk's float32 input, on ``x``'s
+    device: ``(x / 255 · input_range − mean) / std``, elementwise, so the same bits on any
+    device and for a batch as for one image. A float tensor passes through unchanged."""
+    if x.dtype != torch.uint8:
+        return x
+    mean = torch.tensor(spec["mean"], dtype=torch.float32, device=x.device).view(-1, 1, 1)
+    std = torch.tensor(spec["std"], dtype=torch.float32, device=x.device).view(-1, 1, 1)
+    return x.float().div_(255).mul_(float(spec["input_range"])).sub_(mean).div_(std)
 
 
 def train_transform(
@@ -33,18 +52,20 @@ def train_transform(
     ratio: tuple[float, float],
     flip: bool,
     input_spec: dict,
+    uint8: bool = False,
 ) -> T.Compose:
-    """Resize(resize) → RandomResizedCrop(crop, scale, ratio) → [flip] → trunk input."""
+    """Resize(resize) → RandomResizedCrop(crop, scale, ratio) → [flip] → trunk input
+    (``uint8``: stop at uint8 CHW; finish with :func:`to_trunk_input` on the batch)."""
     steps = [T.Resize(resize), T.RandomResizedCrop(crop, scale=tuple(scale), ratio=tuple(ratio))]
     if flip:
         steps.append(T.RandomHorizontalFlip(0.5))
-    return T.Compose(steps + _tail(input_spec))
+    return T.Compose(steps + _tail(input_spec, uint8))
 
 
-def eval_transform(resize: int, crop: int, input_spec: dict) -> T.Compose:
-    """Resize(resize) → CenterCrop(crop) → trunk input."""
-    return T.Compose([T.Resize(resize), T.CenterCrop(crop)] + _tail(input_spec))
+def eval_transform(resize: int, crop: int, input_spec: dict, uint8: bool = False) -> T.Compose:
+    """Resize(resize) → CenterCrop(crop) → trunk input (``uint8``: as in train_transform)."""
+    return T.Compose([T.Resize(resize), T.CenterCrop(crop)] + _tail(input_spec, uint8))
 
 
-def _tail(spec: dict) -> list:
-    return [ToTrunkInput(spec)]
+def _tail(spec: dict, uint8: bool) -> list:
+    return [ToUint8Input(spec) if uint8 else ToTrunkInput(spec)]

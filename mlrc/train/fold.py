@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from mlrc.config import Preset
 from mlrc.data.base import ImageDataset
-from mlrc.data.transforms import eval_transform, train_transform
+from mlrc.data.transforms import eval_transform, to_trunk_input, train_transform
 from mlrc.methods import losses, miners, samplers, strategies
 from mlrc.models.trunks import TRUNKS, Embedder, freeze_batchnorm
 from mlrc.protocol import retrieval_metrics
@@ -198,7 +198,8 @@ def embed(
         else DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
     )
     for x, y in loader:
-        out.append(model(x.to(device, non_blocking=loader.pin_memory)).float().cpu())
+        x = to_trunk_input(x.to(device, non_blocking=loader.pin_memory), model.trunk.input_spec)
+        out.append(model(x).float().cpu())
         labels.append(y)
     return torch.cat(out).numpy(), torch.cat(labels).numpy()
 
@@ -398,9 +399,12 @@ def train_fold(
     train_set = _View(
         dataset,
         spec.train_classes,
-        train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, spec_in),
+        train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, spec_in, uint8=True),
     )
-    val_set = _View(dataset, spec.val_classes, eval_transform(im.resize, im.crop, spec_in))
+    # uint8 batches (4× smaller copies); normalised on the device by embed/_on_device
+    val_set = _View(
+        dataset, spec.val_classes, eval_transform(im.resize, im.crop, spec_in, uint8=True)
+    )
     sampler = samplers.build(
         spec.sampler,
         labels=train_set.labels,
@@ -528,7 +532,9 @@ def train_fold(
                         model,
                         loss_fn,
                         miner,
-                        x.to(spec.device, non_blocking=train_loader.pin_memory),
+                        to_trunk_input(
+                            x.to(spec.device, non_blocking=train_loader.pin_memory), spec_in
+                        ),
                         y.to(spec.device, non_blocking=train_loader.pin_memory),
                     )
                 finally:
