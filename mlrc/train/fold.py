@@ -249,8 +249,8 @@ def _atomic_save(obj: Any, path: Path) -> None:
         tmp.unlink(missing_ok=True)
         err = writer.error if writer is not None and writer.error is not None else e
         if isinstance(err, OSError):
-            what = "disk full / file too large" if err.errno in FULL else "cannot write"
-            raise CheckpointError(f"{what} writing {path} ({err.strerror or err})") from None
+            what = "disk full / file too large writing" if err.errno in FULL else "cannot write"
+            raise CheckpointError(f"{what} {path} ({err.strerror or err})") from None
         raise
     _fsync_dir(path.parent)
 
