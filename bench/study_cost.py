@@ -72,10 +72,14 @@ def run_studies(files: list[Path], url: str, art: Path, sequential: bool) -> dic
             if p.wait() != 0:
                 raise SystemExit(f"{name} failed")
             walls[name] = time.monotonic() - t0
-    for name, t0, p in procs:
-        if p.wait() != 0:
-            raise SystemExit(f"{name} failed")
-        walls[name] = time.monotonic() - t0
+    while procs:  # each study's own wall time, whichever ends first
+        for name, t0, p in list(procs):
+            if p.poll() is not None:
+                if p.returncode != 0:
+                    raise SystemExit(f"{name} failed")
+                walls[name] = time.monotonic() - t0
+                procs.remove((name, t0, p))
+        time.sleep(1)
     return walls
 
 
