@@ -149,6 +149,7 @@ def test_report_formats_and_ci_against_scipy(finished_study, tmp_path):
         "dataset",
         "loss",
         "strategy",
+        "pruner",
         "mode",
         "metric",
         "mean",

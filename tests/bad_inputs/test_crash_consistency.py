@@ -11,9 +11,10 @@ next until one finishes:
   between the two parameter draws of a trial, between a new best model and the ``last.pt`` that
   records it, in the recovery between the retry and the FAIL, between a trial's result and its
   ``tell``), each with the invariant checked right after;
-- then ``N_RANDOM`` kills at seeded random moments spread uniformly over the uninterrupted run's
-  duration: moment g of the clean run becomes "once the chain has made the progress the clean run
-  had made at g, wait as long as the clean run had been working past that progress, then kill", so
+- then ``N_RANDOM`` kills at seeded random moments, half uniform over the uninterrupted run's
+  search stage and half over its test stage: moment g of the clean run becomes "once the chain
+  has made the progress the clean run had made at g, wait as long as the clean run had been
+  working past that progress, then kill", so
   every kill lands further into the study and the moments cover the search and the test stage.
 
 After every kill: the SQLite file is intact, every finished fold's checkpoint exists, the fold
@@ -261,11 +262,33 @@ def run_clean(path: Path, tmp: Path) -> tuple[Path, list[tuple[float, int]]]:
     return db, timeline
 
 
-def kill_moments(timeline: list[tuple[float, int]]) -> list[tuple[float, int, float]]:
-    """Seeded moments g uniform over the clean run until its last step: (g, the progress made
-    by g, the time the clean run had worked past that progress at g)."""
+def search_progress(db: Path) -> int:
+    """The progress count of a finished search stage (search epochs, folds and trials)."""
+    rows = sql(
+        db,
+        "select (select count(*) from mlrc_epoch_metric e join mlrc_fold_run f"
+        " on e.fold_run_id = f.id where f.kind = 'search')"
+        " + (select count(*) from mlrc_fold_run where kind = 'search' and status != 'running')"
+        " + (select count(*) from mlrc_trial where state in ('complete', 'failed'))",
+    )
+    return rows[0][0]
+
+
+def kill_moments(
+    timeline: list[tuple[float, int]], search_done: int
+) -> list[tuple[float, int, float]]:
+    """Seeded moments g, half uniform over the clean run's search stage and half over its test
+    stage (so a loaded machine that slows one stage still puts kills in both): (g, the progress
+    made by g, the time the clean run had worked past that progress at g)."""
     times = [t for t, _ in timeline]
-    moments = np.sort(np.random.default_rng(SEED).uniform(0, times[-1], N_RANDOM))
+    split = next(t for t, p in timeline if p >= search_done)
+    rng = np.random.default_rng(SEED)
+    half = N_RANDOM // 2
+    moments = np.sort(
+        np.concatenate(
+            [rng.uniform(0, split, half), rng.uniform(split, times[-1], N_RANDOM - half)]
+        )
+    )
     out = []
     for g in moments:
         i = bisect.bisect_right(times, g) - 1
@@ -309,7 +332,7 @@ def chain(tmp_path_factory):
         check_after_kill(db)
         log.append(("planted", hook.__name__, *landed(db), seen))
     finished = searched = False
-    for k, (g, target, extra) in enumerate(kill_moments(timeline)):
+    for k, (g, target, extra) in enumerate(kill_moments(timeline, search_progress(clean_db))):
         before = progress(db)
         # once a `study run` has returned, the user goes on with `study test` alone
         child = Child(cmds[1:] if searched else cmds, tmp / f"random{k}")

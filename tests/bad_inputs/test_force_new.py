@@ -58,8 +58,3 @@ def test_changed_study_is_refused_then_archived_with_force_new(tmp_path):
     assert all(c.startswith(f"{art / 'dup.old-1'}/") and Path(c).is_file() for c in old_ckpts)
     names = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(url)}
     assert names == {"dup": 1, "dup.old-1": 1}
-    # and a second change archives as .old-2, keeping .old-1
-    again = runner.invoke(app, ["study", "run", str(_study(tmp_path, 1)), *opts, "--force-new"])
-    assert again.exit_code == 0, again.output
-    with store.session(engine) as s:
-        assert set(s.scalars(select(Study.name))) == {"dup", "dup.old-1", "dup.old-2"}

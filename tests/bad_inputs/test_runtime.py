@@ -226,10 +226,18 @@ class _Unstable(torch.nn.Module):
         return _NaNGradient.apply(loss) if self.calls == self.poison_at else loss
 
 
-@losses.register("rt_unstable", batch="pair")
 def _unstable(*, num_classes: int, embedding_size: int, explode: float = 1.0, poison_at: int = 0):
     """Explodes or poisons its gradient on request (runtime-failure tests)."""
     return _Unstable(explode, poison_at)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _unstable_loss():
+    """The test loss exists only while this module runs: other tests list every registered
+    loss (one study file and one search space per loss)."""
+    losses.register("rt_unstable", batch="pair")(_unstable)
+    yield
+    losses.LOSSES._factories.pop("rt_unstable", None)
 
 
 @pytest.fixture(scope="module")
