@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import require
 from typer.testing import CliRunner
 
 from mlrc import store
@@ -368,7 +369,7 @@ def test_a_wrong_password_fails_at_once_in_one_line_without_it(password_url, mon
 
 def test_a_wrong_password_in_a_real_process_prints_no_traceback(real_process):
     if real_process is None:
-        pytest.skip("no PostgreSQL server here")
+        require(False, "no PostgreSQL server here (the throwaway server could not start)")
     proc, url = real_process
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 2, stderr
