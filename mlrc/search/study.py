@@ -18,7 +18,6 @@ import os
 import socket
 import threading
 import time
-import urllib.parse
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -170,12 +169,10 @@ def build_context(
 @contextmanager
 def _sqlite_lock(engine: Engine, name: str) -> Iterator[None]:
     """One process per study on a SQLite file: a second one is refused, never interleaved."""
-    if engine.dialect.name != "sqlite" or not engine.url.database:
+    database = store.sqlite_path(engine)
+    if database is None:
         yield
         return
-    database = engine.url.database
-    if database.startswith("file:"):  # a URI filename (uri=true): its path part
-        database = urllib.parse.urlsplit(database).path
     path = Path(f"{database}.{name}.lock")
     try:
         lock = open(path, "a+")  # noqa: SIM115 — closed by the with below

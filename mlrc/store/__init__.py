@@ -373,19 +373,29 @@ def connect(url: str) -> Engine:
     return engine
 
 
+def sqlite_path(engine: Engine) -> str | None:
+    """The file of a SQLite engine (a ``file:`` URI's path part), None for PostgreSQL or an
+    in-memory database."""
+    import urllib.parse
+
+    database = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not database or database == ":memory:":
+        return None
+    if database.startswith("file:"):  # a URI filename (uri=true): its path part
+        return urllib.parse.urlsplit(database).path
+    return database
+
+
 @contextmanager
 def _sqlite_file_lock(engine: Engine, name: str) -> Iterator[None]:
     """On a SQLite file, an exclusive ``flock`` on ``<database>.<name>.lock`` (released when the
     process dies); a no-op for PostgreSQL and in-memory databases."""
     import fcntl
-    import urllib.parse
 
-    database = engine.url.database if engine.dialect.name == "sqlite" else None
-    if not database or database == ":memory:":
+    database = sqlite_path(engine)
+    if database is None:
         yield
         return
-    if database.startswith("file:"):  # a URI filename (uri=true): its path part
-        database = urllib.parse.urlsplit(database).path
     try:
         f = open(f"{database}.{name}.lock", "a+")  # noqa: SIM115 — closed below
     except OSError:  # a read-only folder: nothing can be created there, so nothing races
