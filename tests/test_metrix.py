@@ -178,9 +178,32 @@ def test_mixed_examples_are_exact_interpolations(mixup, pairs, monkeypatch):
             assert torch.equal(mixed, model.embedder(split.head(maps[1])))
         else:
             assert len(model_inputs) == 1 and len(embs) == 1
-            mixed = LAM * emb[i] + (1 - LAM) * emb[j]
-        assert torch.equal(seen["mat"], loss_fn.distance(emb, mixed))
+            unit = emb / emb.norm(dim=1, keepdim=True)  # the paper's f includes the L2 norm
+            mixed = LAM * unit[i] + (1 - LAM) * unit[j]
+        assert torch.allclose(seen["mat"], loss_fn.distance(emb, mixed), rtol=0, atol=1e-6)
         assert torch.equal(seen["y_soft"], LAM * seen["rel"].float())  # label mix_λ(1, 0) = λ
+
+
+def test_embedding_mixup_mixes_the_l2_normalised_embeddings():
+    """Eq. 4, embedding mixup: mix_λ(f(x), f(x')) with the paper's f ending in the L2
+    normalisation (§3.1), i.e. λ·e/‖e‖ + (1−λ)·e'/‖e'‖ — not λe + (1−λ)e'."""
+    torch.manual_seed(5)
+    emb = torch.randn(6, 16, dtype=torch.float64)
+    emb = emb * torch.tensor([0.1, 0.5, 1.0, 2.0, 5.0, 20.0], dtype=torch.float64)[:, None]
+    i, j = torch.tensor([0, 1, 2, 5]), torch.tensor([5, 3, 4, 0])
+    st = metrix.Metrix("embedding", 2.0, 0.4, "pos_neg", 3)
+    got = st.mixed_embeddings(None, None, emb, None, LAM, i, j)
+    norm = emb.pow(2).sum(dim=1).sqrt()  # ‖e‖, computed without torch's normalize
+    want = torch.stack(
+        [LAM * emb[a] / norm[a] + (1 - LAM) * emb[b] / norm[b] for a, b in zip(i, j, strict=True)]
+    )
+    assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    # Mixing the raw embeddings fails the same check, even after the re-normalisation every
+    # loss distance applies: the direction differs whenever ‖e‖ ≠ ‖e'‖.
+    raw = LAM * emb[i] + (1 - LAM) * emb[j]
+    assert not torch.allclose(raw, want, rtol=0, atol=1e-3)
+    unit = torch.nn.functional.normalize
+    assert not torch.allclose(unit(raw, dim=1), unit(want, dim=1), rtol=0, atol=1e-3)
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,7 +331,8 @@ def test_end_to_end_value_with_fixed_lambda(name, monkeypatch):
         pairs = list(want)
         rel = [[a in want[p] for p in pairs] for a in range(n)]
         anchors = emb
-    mixed = torch.stack([LAM * emb[i] + (1 - LAM) * emb[j] for i, j in pairs])
+    unit = emb / emb.norm(dim=1, keepdim=True)
+    mixed = torch.stack([LAM * unit[i] + (1 - LAM) * unit[j] for i, j in pairs])
     lab = [[LAM] * len(pairs) for _ in rel]
     want_mixed = _direct_loop(name, loss_fn, anchors, mixed, lab, rel)
     assert got == pytest.approx(clean + 0.7 * want_mixed, rel=1e-9)

@@ -24,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from mlrc.methods.params import ANY, ParamType, Range
+
 REPO = Path(__file__).resolve().parents[2]
 PRESETS_DIR = REPO / "studies" / "presets"
 SPACES_DIR = REPO / "studies" / "spaces"
@@ -456,12 +458,116 @@ def _deep_merge(base: dict, over: dict, where: str, loc: tuple = ()) -> dict:
     return out
 
 
-def default_space(loss: str, folder: Path = SPACES_DIR) -> dict[str, ParamSpace]:
+# Keys of a loss's space file that are not parameters: the ranges that differ per dataset.
+PER_DATASET = "per_dataset"
+WITH_MINER = "with_miner"
+
+
+def default_space(
+    loss: str, folder: Path = SPACES_DIR, dataset: str | None = None, miner: str | None = None
+) -> dict[str, ParamSpace]:
+    """The space file ``<folder>/<loss>.yaml`` ({} when there is none).
+
+    A loss's space file may also give ranges that differ per dataset (the reality check searched
+    some parameters over other ranges on some datasets):
+
+    - ``per_dataset: {<dataset>: {<param>: <range> | null}}`` — on that dataset the parameter's
+      range is replaced by this one (a whole range, not merged), or with ``null`` not searched;
+    - ``with_miner: {<miner>: {per_dataset: ...}}`` — the table used *instead of* the one above
+      when the study mines with ``<miner>`` (MLRC searched "MS + miner" with its own ranges).
+
+    Without ``dataset`` the base ranges are returned; the tables are checked either way (an
+    unknown dataset, miner or parameter is a ConfigError naming the file and the key)."""
     path = folder / f"{loss}.yaml"
     if not path.is_file():
         return {}
     data = load_yaml(path) or {}
-    return {k: _validate(ParamSpace, v, f"{path}: {k}") for k, v in data.items()}
+    if not isinstance(data, dict):
+        raise ConfigError(not_a_mapping(data, str(path)))
+    tables = {k: data.pop(k) for k in (PER_DATASET, WITH_MINER) if k in data}
+    space = {k: _validate(ParamSpace, v, f"{path}: {k}") for k, v in data.items()}
+    if tables and folder.resolve() != SPACES_DIR.resolve():
+        raise ConfigError(
+            f"{path}: {next(iter(tables))}: only a loss's space file "
+            "(studies/spaces/<loss>.yaml) takes per-dataset ranges"
+        )
+    table = _per_dataset(tables.get(PER_DATASET), space, f"{path}: {PER_DATASET}")
+    by_miner = _with_miner(tables.get(WITH_MINER), space, f"{path}: {WITH_MINER}")
+    if miner is not None and miner in by_miner:
+        table = by_miner[miner]
+    out = {**space, **table.get(dataset, {})} if dataset is not None else space
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _per_dataset(
+    table: Any, space: dict[str, ParamSpace], where: str
+) -> dict[str, dict[str, ParamSpace | None]]:
+    """A ``per_dataset`` table checked: known datasets, parameters of ``space``, valid ranges."""
+    from mlrc import data
+
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f"{where}: expected a mapping of dataset → parameter ranges, got {type(table).__name__}"
+        )
+    out: dict[str, dict[str, ParamSpace | None]] = {}
+    for ds, params in table.items():
+        if ds not in data.available():
+            raise ConfigError(
+                f"{where}.{ds}: unknown dataset {ds!r}{did_you_mean(ds, data.available())} "
+                f"(available: {', '.join(data.available())})"
+            )
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise ConfigError(
+                f"{where}.{ds}: expected a mapping of parameter ranges, got {type(params).__name__}"
+            )
+        out[ds] = {}
+        for k, v in params.items():
+            if k not in space:
+                raise ConfigError(
+                    f"{where}.{ds}.{k}: not a parameter of this space{did_you_mean(k, space)} "
+                    f"(parameters: {', '.join(space) or 'none'})"
+                )
+            out[ds][k] = None if v is None else _validate(ParamSpace, v, f"{where}.{ds}.{k}")
+    return out
+
+
+def _with_miner(
+    table: Any, space: dict[str, ParamSpace], where: str
+) -> dict[str, dict[str, dict[str, ParamSpace | None]]]:
+    """A ``with_miner`` table checked: registered miners, each with a ``per_dataset`` table."""
+    from mlrc.methods import miners
+
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f"{where}: expected a mapping of miner → {{per_dataset: ...}}, "
+            f"got {type(table).__name__}"
+        )
+    out = {}
+    for name, entry in table.items():
+        if name not in miners.available():
+            raise ConfigError(
+                f"{where}.{name}: unknown miner {name!r}{did_you_mean(name, miners.available())} "
+                f"(available: {', '.join(miners.available())})"
+            )
+        entry = {} if entry is None else entry
+        if not isinstance(entry, dict):
+            raise ConfigError(
+                f"{where}.{name}: expected {{per_dataset: ...}}, got {type(entry).__name__}"
+            )
+        for k in entry:
+            if k != PER_DATASET:
+                raise ConfigError(
+                    f"{where}.{name}.{k}: unknown key{did_you_mean(k, [PER_DATASET])} "
+                    f"(a miner's entry takes {PER_DATASET} only)"
+                )
+        out[name] = _per_dataset(entry.get(PER_DATASET), space, f"{where}.{name}.{PER_DATASET}")
+    return out
 
 
 def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
@@ -485,8 +591,13 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
     preset = load_preset(study.preset, study.overrides, source)
     if study.loss.search is not None:
         space = study.loss.search
-    else:  # the loss's default space, minus what the study fixes in loss.params
-        space = {k: v for k, v in default_space(spec.name).items() if k not in study.loss.params}
+    else:  # the loss's default space (for this dataset and miner), minus loss.params
+        defaults = default_space(
+            spec.name,
+            dataset=study.dataset.name,
+            miner=study.miner.name if study.miner is not None else None,
+        )
+        space = {k: v for k, v in defaults.items() if k not in study.loss.params}
     accepted = set(spec.params) | ({LOSS_LR} if spec.has_parameters else set())
     for where, names in (("loss.params", study.loss.params), ("loss.search", space)):
         for k in names:
@@ -499,6 +610,9 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
     both = set(study.loss.params) & set(space)
     if both:
         raise ConfigError(f"{source}: loss.params and loss.search both set {sorted(both)}")
+    loss_types = {**spec.types, LOSS_LR: LOSS_LR_TYPE}
+    _check_values("loss.params", study.loss.params, loss_types, source)
+    _check_space("loss.search", space, loss_types, source)
     if spec.has_parameters and LOSS_LR not in space and LOSS_LR not in study.loss.params:
         space = {**space, LOSS_LR: preset.loss_optimizer.lr}
     fixed = dict(study.loss.params)
@@ -506,7 +620,7 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
         m_space, m_fixed = _resolve_miner(study, spec, source)
         space, fixed = {**space, **m_space}, {**fixed, **m_fixed}
     if study.strategy is not None:
-        s_space, s_fixed = _resolve_strategy(study, spec, source)
+        s_space, s_fixed = _resolve_strategy(study, spec, source, preset)
         space, fixed = {**space, **s_space}, {**fixed, **s_fixed}
     _check_sampler(study.sampler, source)
     trials = study.search.trials or preset.search.trials or 1
@@ -515,7 +629,7 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
             f"{source}: search.trials = {trials} but the search space is empty "
             "(nothing to search: use trials: 1)"
         )
-    _check_enqueue(study.search.enqueue, space, source)
+    _check_enqueue(study.search.enqueue, space, source, _param_types(study, loss_types))
     return ResolvedStudy(
         study=study,
         preset=preset,
@@ -551,9 +665,13 @@ def _check_dataset_params(ref: DatasetRef, source: str) -> None:
 
 
 def _check_enqueue(
-    enqueue: list[dict[str, Any]], space: dict[str, ParamSpace], source: str
+    enqueue: list[dict[str, Any]],
+    space: dict[str, ParamSpace],
+    source: str,
+    types: dict[str, ParamType] | None = None,
 ) -> None:
-    """Each enqueued trial names searched parameters only, with values inside their ranges."""
+    """Each enqueued trial names searched parameters only, with values of the parameter's
+    declared type (``types``, keys as in ``space``) inside their search ranges."""
     for i, params in enumerate(enqueue):
         for k, v in params.items():
             where = f"{source}: search.enqueue.{i}.{k}"
@@ -561,7 +679,8 @@ def _check_enqueue(
                 raise ConfigError(
                     f"{where}: {k!r} is not searched (searched: {', '.join(space) or 'nothing'})"
                 )
-            problem = _outside(space[k], v)
+            t = (types or {}).get(k, ANY)
+            problem = t.problem(v, check_range=False) or _outside(space[k], v) or t.problem(v)
             if problem:
                 raise ConfigError(f"{where}: {problem}")
 
@@ -614,8 +733,15 @@ def _takes_tuples(loss: str) -> bool:
     return "indices_tuple" in inspect.signature(probe.forward).parameters
 
 
-def _plugin_space(kind: str, ref: Any, accepted: dict[str, Any], source: str) -> tuple[dict, dict]:
-    """Space and fixed params of a miner/strategy, keys prefixed ``<kind>.``, each name checked.
+def _plugin_space(
+    kind: str,
+    ref: Any,
+    accepted: dict[str, Any],
+    source: str,
+    types: dict[str, ParamType] | None = None,
+) -> tuple[dict, dict]:
+    """Space and fixed params of a miner/strategy, keys prefixed ``<kind>.``, each name checked
+    (and each value against the plug-in's declared ``types``).
 
     Without ``search`` the plug-in's default space (``studies/spaces/{miners,strategies}/``) is
     used, minus what ``params`` fixes."""
@@ -631,6 +757,8 @@ def _plugin_space(kind: str, ref: Any, accepted: dict[str, Any], source: str) ->
                     f"{did_you_mean(k, accepted)} "
                     f"(it takes: {', '.join(accepted) or 'none'})"
                 )
+    _check_values(f"{kind}.params", ref.params, types or {}, source)
+    _check_space(f"{kind}.search", space, types or {}, source)
     prefix = f"{kind}."
     return (
         {prefix + k: v for k, v in space.items()},
@@ -638,8 +766,11 @@ def _plugin_space(kind: str, ref: Any, accepted: dict[str, Any], source: str) ->
     )
 
 
-def _resolve_strategy(study: StudyConfig, spec: Any, source: str) -> tuple[dict, dict]:
-    """The strategy's space and fixed params (``strategy.<param>``); checks loss and miner."""
+def _resolve_strategy(
+    study: StudyConfig, spec: Any, source: str, preset: Preset | None = None
+) -> tuple[dict, dict]:
+    """The strategy's space and fixed params (``strategy.<param>``); checks loss, miner and, for a
+    strategy that needs them, that the loss's batches have positive pairs."""
     from mlrc.methods import strategies
     from mlrc.registry import RegistryError
 
@@ -662,7 +793,20 @@ def _resolve_strategy(study: StudyConfig, spec: Any, source: str) -> tuple[dict,
                 f"{source}: strategy: {ref.name!r} needs a tuple loss; "
                 f"loss {spec.name!r} takes no tuples"
             )
-    return _plugin_space("strategy", ref, accepted, source)
+    if strategy.positive_pairs and preset is not None:
+        m = preset.batch.images_per_class.get(spec.batch)
+        if m is not None and m < 2 and study.sampler.name not in _SAMPLERS_WITH_A_POSITIVE_PAIR:
+            raise ConfigError(
+                f"{source}: strategy.name: {ref.name!r} needs batches with positive pairs "
+                f"({strategy.positive_pairs}); loss {spec.name!r} is trained on "
+                f"{preset.batch.size // max(m, 1)} classes × {m} image per batch "
+                f"(batch.images_per_class.{spec.batch} = {m})"
+            )
+    return _plugin_space("strategy", ref, accepted, source, strategies.param_types(ref.name))
+
+
+# Samplers that ignore ``m`` and put at least one positive pair in every batch (SPC-R).
+_SAMPLERS_WITH_A_POSITIVE_PAIR = frozenset({"spc_random"})
 
 
 def _resolve_miner(study: StudyConfig, spec: Any, source: str) -> tuple[dict, dict]:
@@ -677,7 +821,63 @@ def _resolve_miner(study: StudyConfig, spec: Any, source: str) -> tuple[dict, di
         raise ConfigError(f"{source}: miner.name: {e}") from None
     if not _takes_tuples(spec.name):
         raise ConfigError(f"{source}: miner: loss {spec.name!r} does not use a miner's pairs")
-    return _plugin_space("miner", ref, accepted, source)
+    return _plugin_space("miner", ref, accepted, source, miners.param_types(ref.name))
+
+
+# --- parameter types (declared by each plug-in, mlrc.methods.params) ----------------------------
+
+LOSS_LR_TYPE = ParamType("number", range=Range(gt=0))  # the loss optimiser's learning rate
+
+
+def _param_types(study: StudyConfig, loss_types: dict[str, ParamType]) -> dict[str, ParamType]:
+    """Declared types of every parameter of the study, named as in its search space."""
+    from mlrc.methods import miners, strategies
+
+    out = dict(loss_types)
+    for ref, module in ((study.miner, miners), (study.strategy, strategies)):
+        if ref is not None:
+            out.update({module.PREFIX + k: t for k, t in module.param_types(ref.name).items()})
+    return out
+
+
+def _check_values(
+    where: str, values: dict[str, Any], types: dict[str, ParamType], source: str
+) -> None:
+    """Each fixed value against its parameter's declared type and range."""
+    for k, v in values.items():
+        problem = types.get(k, ANY).problem(v)
+        if problem:
+            raise ConfigError(f"{source}: {where}.{k}: {problem}")
+
+
+def _check_space(
+    where: str, space: dict[str, ParamSpace], types: dict[str, ParamType], source: str
+) -> None:
+    """Each search space against its parameter's declared type: choices of that type, numeric
+    ranges only for numbers (``int: true`` for an integer) with both ends in the declared range."""
+    for k, s in space.items():
+        t = types.get(k, ANY)
+        if t.kind == "any":
+            continue
+        if s.choices is not None:
+            for c in s.choices:
+                problem = t.problem(c)
+                if problem:
+                    raise ConfigError(f"{source}: {where}.{k}.choices: {problem}")
+            continue
+        if t.kind not in ("number", "integer"):
+            raise ConfigError(
+                f"{source}: {where}.{k}: takes {t.describe()}: search it with choices, not low/high"
+            )
+        if t.kind == "integer" and not s.int_:
+            raise ConfigError(
+                f"{source}: {where}.{k}: an integer parameter needs int: true "
+                "(a float range would be truncated)"
+            )
+        for end in ("low", "high"):
+            problem = t.problem(getattr(s, end))
+            if problem:
+                raise ConfigError(f"{source}: {where}.{k}.{end}: {problem}")
 
 
 def load_study(path: str | Path) -> ResolvedStudy:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pytorch_metric_learning import miners as M
 from torch import nn
 
+from mlrc.methods.params import ParamType, declared_types
 from mlrc.registry import Registry
 
 MINERS: Registry[Callable[..., nn.Module]] = Registry("miner")
@@ -29,6 +30,11 @@ def params(name: str) -> dict[str, Any]:
     """Accepted parameters of miner ``name`` and their defaults."""
     sig = inspect.signature(MINERS.get(name))
     return {k: p.default for k, p in sig.parameters.items() if p.kind == p.KEYWORD_ONLY}
+
+
+def param_types(name: str) -> dict[str, ParamType]:
+    """Declared type (and range) of each parameter of miner ``name`` (mlrc.methods.params)."""
+    return declared_types(MINERS.get(name))
 
 
 def build(name: str, **kwargs: Any) -> nn.Module:
@@ -48,7 +54,11 @@ def multi_similarity(*, epsilon: float = 0.1) -> nn.Module:
 
 
 @MINERS.register("triplet_margin")
-def triplet_margin(*, margin: float = 0.2, type_of_triplets: str = "semihard") -> nn.Module:
+def triplet_margin(
+    *,
+    margin: float = 0.2,
+    type_of_triplets: Literal["all", "hard", "semihard", "easy"] = "semihard",
+) -> nn.Module:
     """TripletMarginMiner: triplets violating the L2 margin; type all | hard | semihard | easy."""
     return M.TripletMarginMiner(margin=margin, type_of_triplets=type_of_triplets)
 

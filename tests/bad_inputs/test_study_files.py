@@ -341,7 +341,7 @@ PARAMETERS_NOT_TAKEN = [
     case(
         "enqueue-not-a-number",
         patch("search: {trials: 2, enqueue: [{neg_margin: wide}]}"),
-        "search.enqueue.0.neg_margin: 'wide' is not a number",
+        "search.enqueue.0.neg_margin: expected a number, got 'wide'",
     ),
 ]
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import torch
 
+from mlrc.methods.params import ParamType, declared_types
 from mlrc.registry import Registry
 
 
@@ -27,6 +28,8 @@ class LossInfo:
     ``has_parameters``: the loss owns trainable parameters (then ``loss_lr`` is searched).
     ``loss_weight_decay``: weight decay of the loss optimiser when the protocol fixes it for this
     loss (MLRC trained the Margin losses' β without weight decay); None → the preset's.
+    ``types``: each parameter's declared type and range (:mod:`mlrc.methods.params`), read from
+    the factory's annotations; a study's values are checked against them at validation.
     """
 
     name: str
@@ -36,6 +39,7 @@ class LossInfo:
     has_parameters: bool = False
     doc: str = ""
     loss_weight_decay: float | None = None  # overrides the preset's loss_optimizer.weight_decay
+    types: dict[str, ParamType] = field(default_factory=dict)
 
 
 LOSSES: Registry[LossInfo] = Registry("loss")
@@ -48,7 +52,9 @@ def register(
     has_parameters: bool = False,
     loss_weight_decay: float | None = None,
 ):
-    """Decorator for ``factory(num_classes, embedding_size, **params)``; defaults are read from it."""
+    """Decorator for ``factory(num_classes, embedding_size, **params)``; defaults and types
+    (annotations such as ``float``, ``Count``, ``Literal[...]``, see :mod:`mlrc.methods.params`)
+    are read from it."""
 
     def decorate(factory: Callable[..., torch.nn.Module]) -> Callable[..., torch.nn.Module]:
         sig = inspect.signature(factory)
@@ -58,7 +64,8 @@ def register(
             if k not in ("num_classes", "embedding_size") and p.kind == p.KEYWORD_ONLY
         }
         doc = (factory.__doc__ or "").strip().splitlines()[0] if factory.__doc__ else ""
-        info = LossInfo(name, factory, batch, params, has_parameters, doc, loss_weight_decay)
+        types = declared_types(factory)
+        info = LossInfo(name, factory, batch, params, has_parameters, doc, loss_weight_decay, types)
         LOSSES.register(name)(lambda info=info: info)
         return factory
 

@@ -19,6 +19,7 @@ import torch.nn.functional as Fn
 from torch import Tensor, nn
 
 from mlrc.methods.losses import register
+from mlrc.methods.params import NonNegative, Positive
 
 
 def segment_logsumexp(values: Tensor, segment: Tensor, n_segments: int) -> Tensor:
@@ -172,7 +173,7 @@ def mean_field_contrastive(
     embedding_size: int,
     pos_margin: float = 0.02,
     neg_margin: float = 0.3,
-    lambda_mf: float = 0.0,
+    lambda_mf: NonNegative = 0.0,  # the regulariser is skipped (not negated) when λ_MF ≤ 0
 ) -> nn.Module:
     """MFCont (mean-field paper Eq. 8); margins are cosine distances; defaults as in the paper."""
     return MeanFieldContrastive(num_classes, embedding_size, pos_margin, neg_margin, lambda_mf)
@@ -183,8 +184,8 @@ def class_wise_multi_similarity(
     *,
     num_classes: int,
     embedding_size: int,
-    alpha: float = 0.01,
-    beta: float = 80.0,
+    alpha: Positive = 0.01,  # 1/α and 1/(2β) scale the two terms (Eq. 9)
+    beta: Positive = 80.0,
     delta: float = 0.8,
 ) -> nn.Module:
     """CWMS (mean-field paper Eq. 9); δ is a cosine-distance margin (code's base = 1 − δ)."""
@@ -196,10 +197,10 @@ def mean_field_class_wise_multi_similarity(
     *,
     num_classes: int,
     embedding_size: int,
-    alpha: float = 0.01,
-    beta: float = 80.0,
+    alpha: Positive = 0.01,  # 1/α and 1/(2β) scale the two terms (Eq. 10)
+    beta: Positive = 80.0,
     delta: float = 0.8,
-    lambda_mf: float = 0.0,
+    lambda_mf: NonNegative = 0.0,  # the regulariser is skipped (not negated) when λ_MF ≤ 0
 ) -> nn.Module:
     """MFCWMS (mean-field paper Eq. 10); δ is a cosine-distance margin; paper defaults."""
     return MeanFieldClassWiseMultiSimilarity(

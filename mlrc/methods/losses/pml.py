@@ -3,7 +3,10 @@
 Distances are PML defaults: L2 distance on L2-normalised embeddings for the pair losses
 (Contrastive, Triplet margins are distances), cosine similarity for NTXent/MultiSimilarity.
 Every factory's docstring (first line: the registry's ``doc``) cites the source and states the
-units; angles (ArcFace margin, Angular alpha) are in degrees, as PML takes them.
+units; angles (ArcFace margin, Angular alpha) are in degrees, as PML takes them. Parameter
+annotations are checked at validation (:mod:`mlrc.methods.params`): ``Positive`` where the
+formula divides by the value, ``Count`` for bin and centre counts, ``Degrees`` for angles;
+margins and scales are any finite number (MLRC searched negative margins).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pytorch_metric_learning import losses as L
 from pytorch_metric_learning.regularizers import SparseCentersRegularizer, ZeroMeanRegularizer
 
 from mlrc.methods.losses import register
+from mlrc.methods.params import Count, Degrees, Positive
 
 
 @register("contrastive", batch="pair")
@@ -30,7 +34,7 @@ def triplet(*, num_classes: int, embedding_size: int, margin: float = 0.05):
 
 
 @register("ntxent", batch="pair")
-def ntxent(*, num_classes: int, embedding_size: int, temperature: float = 0.07):
+def ntxent(*, num_classes: int, embedding_size: int, temperature: Positive = 0.07):
     """NT-Xent (InfoNCE) over cosine similarities."""
     return L.NTXentLoss(temperature=temperature)
 
@@ -40,8 +44,8 @@ def multi_similarity(
     *,
     num_classes: int,
     embedding_size: int,
-    alpha: float = 2.0,
-    beta: float = 50.0,
+    alpha: Positive = 2.0,  # 1/alpha and 1/beta scale the two log-sum-exp terms
+    beta: Positive = 50.0,
     base: float = 0.5,
 ):
     """Multi-Similarity loss (Wang et al. 2019) over cosine similarities."""
@@ -49,7 +53,7 @@ def multi_similarity(
 
 
 @register("normalized_softmax", batch="class", has_parameters=True)
-def normalized_softmax(*, num_classes: int, embedding_size: int, temperature: float = 0.05):
+def normalized_softmax(*, num_classes: int, embedding_size: int, temperature: Positive = 0.05):
     """Normalized softmax (NormFace) with one learnt weight vector per training class."""
     return L.NormalizedSoftmaxLoss(num_classes, embedding_size, temperature=temperature)
 
@@ -89,13 +93,13 @@ def cosface(*, num_classes: int, embedding_size: int, margin: float = 0.35, scal
 
 
 @register("arcface", batch="class", has_parameters=True)
-def arcface(*, num_classes: int, embedding_size: int, margin: float = 28.6, scale: float = 64.0):
+def arcface(*, num_classes: int, embedding_size: int, margin: Degrees = 28.6, scale: float = 64.0):
     """ArcFace (Deng et al. 2019): softmax over scale·cos(θ + margin) for the target class, θ the angle to the unit class weight; margin in DEGREES (PML), not radians."""
     return L.ArcFaceLoss(num_classes, embedding_size, margin=margin, scale=scale)
 
 
 @register("fastap", batch="pair")
-def fastap(*, num_classes: int, embedding_size: int, num_bins: int = 10):
+def fastap(*, num_classes: int, embedding_size: int, num_bins: Count = 10):
     """FastAP (Cakir et al. 2019): 1 − histogram-binned AP per anchor over squared L2 distances between unit embeddings (range [0, 4], ``num_bins`` bins)."""
     return L.FastAPLoss(num_bins=int(num_bins))
 
@@ -137,10 +141,10 @@ def soft_triple(
     num_classes: int,
     embedding_size: int,
     la: float = 20.0,
-    gamma: float = 0.1,
+    gamma: Positive = 0.1,  # the intra-class softmax is over similarities / gamma
     margin: float = 0.01,
     reg_weight: float = 0.2,
-    centers_per_class: int = 10,
+    centers_per_class: Count = 10,
 ):
     """SoftTriple (Qian et al. 2019): cosine similarities to unit centres, intra-class softmax with 1/gamma, scale la, similarity margin; reg_weight × the paper's centre-merging term."""
     # PML 2.9 has no ``reg_weight``: the paper's regulariser Σ√(2 − 2ψ₁ᵀψ₂)/(C·K·(K−1)) is
@@ -184,7 +188,7 @@ class _UnitAngularLoss(L.AngularLoss):
 
 
 @register("angular", batch="pair")
-def angular(*, num_classes: int, embedding_size: int, alpha: float = 40.0):
+def angular(*, num_classes: int, embedding_size: int, alpha: Degrees = 40.0):
     """Angular loss (Wang et al. 2017), angular term only, on unit embeddings (all normalised); alpha in DEGREES (PML), no N-pair term or L2 penalty (unlike Roth et al.)."""
     return _UnitAngularLoss(alpha=alpha)
 
@@ -221,6 +225,6 @@ class _HistogramLoss(L.HistogramLoss):
 
 
 @register("histogram", batch="pair")
-def histogram(*, num_classes: int, embedding_size: int, n_bins: int = 100):
+def histogram(*, num_classes: int, embedding_size: int, n_bins: Count = 100):
     """Histogram loss (Ustinova & Lempitsky 2016): P(negative more similar than positive) from soft histograms of cosine similarities; n_bins intervals on [−1, 1] (Δ = 2/n_bins)."""
     return _HistogramLoss(n_bins=int(n_bins))

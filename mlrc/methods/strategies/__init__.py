@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from mlrc.methods.params import ParamType, declared_types
 from mlrc.registry import Registry
 
 PREFIX = "strategy."
@@ -24,6 +25,11 @@ class Strategy(nn.Module):
 
     uses_miner = True  # False: the strategy chooses the tuples itself (a study's miner is refused)
     losses: frozenset[str] | None = None  # the losses it works with (None: any)
+    # Why the strategy needs batches with positive pairs (None: it does not). Validation refuses
+    # it with a loss whose batch has none: the m-per-class batch kind "class" is 32 classes × 1
+    # image under the protocol's presets (BatchSpec.images_per_class), so there the strategy
+    # would silently do nothing (or less than its name says).
+    positive_pairs: str | None = None
 
     def batch_loss(
         self, model: nn.Module, loss_fn: nn.Module, miner: nn.Module | None, x: Tensor, y: Tensor
@@ -43,6 +49,11 @@ def params(name: str) -> dict[str, Any]:
     """Accepted parameters of strategy ``name`` and their defaults."""
     sig = inspect.signature(STRATEGIES.get(name))
     return {k: p.default for k, p in sig.parameters.items() if p.kind == p.KEYWORD_ONLY}
+
+
+def param_types(name: str) -> dict[str, ParamType]:
+    """Declared type (and range) of each parameter of strategy ``name`` (mlrc.methods.params)."""
+    return declared_types(STRATEGIES.get(name))
 
 
 def build(name: str | None, **kwargs: Any) -> Strategy:

@@ -37,6 +37,11 @@ Choices, where the text leaves it open or the note, paper and code differ:
   model gives them (un-normalised); every mlrc loss normalises internally (PML distances), so
   this is the paper's set-up, and T = 0 is exactly the plain step. False: raw embeddings in and
   out, no normalisation (the code's ``--das_not_normalize``, used for GenLifted and N-pair).
+- Batches need positive pairs: MTS fills a class's bank with the differences of two of its
+  samples in one batch (Eq. 10), so with the "class" batch kind (32 classes × 1 image: proxy and
+  classification losses) every bank stays empty, b = 0, and only DFS scaling would run under
+  the name DAS. Validation refuses that combination (``positive_pairs``); it is accepted where
+  the batch has m ≥ 2 images per class (or SPC-R).
 - Labels index the state: the fold trainer remaps training classes to 0..C−1 and builds a fresh
   strategy per fold, so P and the banks are per fold; they grow to the largest label seen.
 - Randomness (γ, bank draws) comes from torch's global CPU generator (drawn on the CPU, then
@@ -49,12 +54,13 @@ Choices, where the text leaves it open or the note, paper and code differ:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as Fn
 from torch import Tensor, nn
 
+from mlrc.methods.params import Count, NonNegative, Range
 from mlrc.methods.strategies import STRATEGIES, Strategy
 
 _BUFFERS = ("frm", "bank", "bank_size", "bank_ptr")
@@ -62,6 +68,7 @@ _BUFFERS = ("frm", "bank", "bank_size", "bank_ptr")
 
 class DenselyAnchoredSampling(Strategy):
     uses_miner = True  # the study's miner (if any) mines the pooled real + produced batch
+    positive_pairs = "its MTS banks hold differences of same-class samples, Eq. 10"
 
     frm: Tensor  # C × d counts (P)
     bank: Tensor  # C × Z × d differences
@@ -210,11 +217,11 @@ class DenselyAnchoredSampling(Strategy):
 @STRATEGIES.register("das")
 def das(
     *,
-    T: int = 3,
-    K: int = 4,
-    Z: int = 10,
-    r_s: float = 0.01,
-    r_b: float = 0.01,
+    T: Annotated[int, Range(ge=0)] = 3,  # produced embeddings per real one (0: the plain step)
+    K: Count = 4,  # DFS: discriminative dimensions per class (≤ embedding size)
+    Z: Count = 10,  # MTS: bank capacity per class
+    r_s: Annotated[float, Range(ge=0, lt=1)] = 0.01,  # γ ~ U[1 − r_s, 1 + r_s] (Eq. 9)
+    r_b: NonNegative = 0.01,  # shift b = r_b · t (Eq. 12)
     normalize: bool = True,
 ) -> Strategy:
     """Densely-Anchored Sampling (Liu et al. 2022): T detached DFS-scaled, MTS-shifted copies per embedding, pooled before miner and loss."""

@@ -15,7 +15,11 @@ Mixup then only needs interpolated examples with interpolated labels. For a set 
 - ``input``:     f(mix_λ(x, x')) — mix the images, one more forward pass over the mixed ones;
 - ``feature``:   f_m(mix_λ(g_m(x), g_m(x'))) — mix the trunk's last convolutional map, then run
   pooling + flatten + embedder again (:func:`split_trunk` cuts each trunk there);
-- ``embedding``: mix_λ(f(x), f(x')) — mix the (un-normalised) embeddings.
+- ``embedding``: mix_λ(f(x), f(x')) — mix the L2-normalised embeddings: the paper's f includes
+  the normalisation (§3.1: "it is common to ℓ2-normalize embeddings and define s(x, x') :=
+  ⟨f(x), f(x')⟩, which is the cosine similarity"), so with e = model(x) the mixed embedding is
+  λ·e/‖e‖ + (1−λ)·e'/‖e'‖ (Eq. 4, third case). Its norm is ≤ 1 (< 1 unless e, e' point the
+  same way); the loss's distance re-normalises it, as it does every embedding.
 
 The mixed loss ℓ̃(a) is Eq. 7 with U(a) replaced by V(a) (Eq. 9); anchors stay clean. The
 strategy minimises (Eq. 10) E = clean loss + w · mixed loss.
@@ -61,12 +65,20 @@ Any other loss raises ``ValueError``. A study's miner, if any, only affects the 
 
 Choices, where the paper leaves it open or differs from the note:
 
-- No disagreement found between notes/003 and the paper on what is implemented; the default mixup
-  is ``embedding`` (the brief's choice) where the paper's default is ``feature`` (§4.1). With the
-  GPU trunks of this project (ResNet-50, BN-Inception) the head after the last map is an average
-  pool, a flatten and the linear embedder, all affine, so feature mixup there equals embedding
-  mixup up to rounding (the paper's head adds global max pooling, §4.1, which is not linear).
-  ``tiny_cnn`` / ``small_cnn`` are cut before their final MaxPool2d, so there they differ.
+- Default mixup: ``embedding`` (Metrix/embed), where the paper's default is ``feature`` (§4.1,
+  "We use feature mixup by default"; App. B.4, Table 6 on Cars196: R@1 85.1 feature, 83.4
+  embedding, 82.9 input, 81.6 baseline). Embedding mixup is kept as the default because it is
+  the cheapest (no second pass through any part of the network), works with every trunk
+  (feature mixup needs :func:`split_trunk` to know the last convolutional map) and its effect
+  varies little with w (App. B.4, Fig. 6: "especially for input and embedding mixup"). Set
+  ``mixup: feature`` to follow the paper.
+- Embedding mixup mixes the *normalised* embeddings (above), feature mixup the last map before
+  the head. With the GPU trunks of this project (ResNet-50, BN-Inception) the head after the last
+  map is an average pool, a flatten and the linear embedder, all affine, so feature mixup there
+  mixes the *un-normalised* embeddings: its direction is that of λe + (1−λ)e', embedding mixup's
+  that of λe/‖e‖ + (1−λ)e'/‖e'‖; they agree only when ‖e‖ = ‖e'‖ (the paper's head adds global
+  max pooling, §4.1, which is not linear). ``tiny_cnn`` / ``small_cnn`` are cut before their
+  final MaxPool2d, so there feature mixup is not affine in the map either.
 - One λ per iteration, shared by every mixed pair (the official code; Eq. 8 could be read as one
   per pair). λ and the pos-neg / anc-neg coin come from torch's global CPU generator, which the
   fold trainer seeds: the same draws on any device.
@@ -84,9 +96,11 @@ Choices, where the paper leaves it open or differs from the note:
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as Fn
@@ -94,6 +108,7 @@ from pytorch_metric_learning import losses as pml_losses
 from torch import Tensor, nn
 from torchvision.models import ResNet
 
+from mlrc.methods.params import Count, NonNegative, Positive
 from mlrc.methods.strategies import STRATEGIES, Strategy
 from mlrc.models.trunks import BNInception, SmallCNN
 
@@ -103,8 +118,10 @@ SUPPORTED_LOSSES: dict[str, type[nn.Module]] = {
     "multi_similarity": pml_losses.MultiSimilarityLoss,
     "proxy_anchor": pml_losses.ProxyAnchorLoss,
 }
-MIXUPS = ("input", "feature", "embedding")
-PAIRS = ("random", "pos_neg", "anc_neg")
+Mixup = Literal["input", "feature", "embedding"]
+Pairs = Literal["random", "pos_neg", "anc_neg"]
+MIXUPS: tuple[str, ...] = typing.get_args(Mixup)
+PAIRS: tuple[str, ...] = typing.get_args(Pairs)
 
 
 def draw_lambda(a: float) -> float:
@@ -317,13 +334,15 @@ class Metrix(Strategy):
         i: Tensor,
         j: Tensor,
     ) -> Tensor:
-        """f_λ(x_i, x_j) of Eq. 4 for each pair, as the strategy's mixup type."""
+        """f_λ(x_i, x_j) of Eq. 4 for each pair, as the strategy's mixup type (embedding mixup:
+        of the L2-normalised embeddings, the paper's f)."""
         if self.mixup == "input":
             return model(mix(lam, x[i], x[j]))
         if self.mixup == "feature":
             head = split_trunk(model.trunk).head
             return model.embedder(head(mix(lam, maps[i], maps[j])))
-        return mix(lam, emb[i], emb[j])
+        unit = Fn.normalize(emb, dim=1)  # f(x) = e/‖e‖ (§3.1)
+        return mix(lam, unit[i], unit[j])  # Eq. 4, embedding mixup
 
     def batch_loss(
         self, model: nn.Module, loss_fn: nn.Module, miner: nn.Module | None, x: Tensor, y: Tensor
@@ -381,11 +400,11 @@ class Metrix(Strategy):
 @STRATEGIES.register("metrix")
 def metrix(
     *,
-    mixup: str = "embedding",
-    a: float = 2.0,
-    w: float = 0.4,
-    pairs: str = "random",
-    k: int = 3,
+    mixup: Mixup = "embedding",
+    a: Positive = 2.0,  # λ ~ Beta(a, a) (Eq. 8)
+    w: NonNegative = 0.4,  # weight of the mixed loss (Eq. 10)
+    pairs: Pairs = "random",
+    k: Count = 3,  # hard negatives per anchor, input mixup only
 ) -> Strategy:
     """Metrix (ICLR 2022): + w · the loss on mixed examples with interpolated labels (Eq. 10)."""
     return Metrix(mixup, a, w, pairs, k)

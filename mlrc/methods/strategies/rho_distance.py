@@ -12,6 +12,11 @@ found one slightly worse). Distances are L2 between L2-normalised embeddings; n 
 The tuples are passed to the loss as (anchor, positive, negative) indices, so the strategy works
 with tuple losses (contrastive, triplet, margin, snr, ...). Randomness comes from torch's global
 generator, which the fold trainer seeds and checkpoints.
+
+Batches need positive pairs: an anchor without another sample of its class is skipped, so with
+the "class" batch kind (32 classes × 1 image: proxy and classification losses) no tuple would be
+mined and the plain loss would run under the name ρ. Validation refuses that combination
+(``positive_pairs``); it is accepted where the batch has m ≥ 2 images per class (or SPC-R).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 import torch.nn.functional as Fn
 from torch import Tensor, nn
 
+from mlrc.methods.params import Positive, Probability
 from mlrc.methods.strategies import STRATEGIES, Strategy
 
 
@@ -32,6 +38,7 @@ def distance_weights(d: Tensor, dim: int, lower_cutoff: float = 0.5) -> Tensor:
 
 class RhoDistance(Strategy):
     uses_miner = False
+    positive_pairs = "its tuples pair each anchor with another sample of its class"
 
     def __init__(self, p_switch: float, lower_cutoff: float) -> None:
         super().__init__()
@@ -76,6 +83,7 @@ class RhoDistance(Strategy):
 
 
 @STRATEGIES.register("rho_distance")
-def rho_distance(*, p_switch: float = 0.2, lower_cutoff: float = 0.5) -> Strategy:
+def rho_distance(*, p_switch: Probability = 0.2, lower_cutoff: Positive = 0.5) -> Strategy:
     """ρ-regularisation (Revisiting DML §5.1): distance-weighted tuples, switched with p_switch."""
+    # lower_cutoff > 0: the weights take log d, d (L2, unit sphere) clamped below at lower_cutoff
     return RhoDistance(p_switch, lower_cutoff)
