@@ -59,10 +59,12 @@ class CampaignDataset(DatasetRef):
 
 class CampaignLoss(LossRef):
     """A study's ``loss`` (``name``, ``params``, ``search``) plus an optional ``label`` (row title
-    and name part: needed when one loss appears twice) and the loss's own ``enqueue`` list."""
+    and name part: needed when one loss appears twice), the loss's own ``enqueue`` list and its
+    own ``miner`` (instead of the campaign's: the reality check's "MS + miner" row)."""
 
     label: str | None = None
     enqueue: list[dict[str, Any]] = []
+    miner: MinerRef | None = None
 
 
 class CampaignStrategy(StrategyRef):
@@ -202,13 +204,16 @@ def cells(cfg: CampaignConfig, source: str = "campaign") -> list[Cell]:
                         "set a distinct `label` on one of them"
                     )
                 seen[name] = (i, j, k)
+                miner = loss.miner if loss.miner is not None else cfg.miner
                 study = StudyConfig.model_validate(
                     {
                         "name": name,
                         "dataset": ds.model_dump(by_alias=True, exclude={"label"}),
                         "preset": cfg.preset,
-                        "loss": loss.model_dump(by_alias=True, exclude={"label", "enqueue"}),
-                        "miner": cfg.miner.model_dump(by_alias=True) if cfg.miner else None,
+                        "loss": loss.model_dump(
+                            by_alias=True, exclude={"label", "enqueue", "miner"}
+                        ),
+                        "miner": miner.model_dump(by_alias=True) if miner else None,
                         "strategy": (
                             strategy.model_dump(by_alias=True, exclude={"label"})
                             if strategy is not None
@@ -232,12 +237,14 @@ _SHARED = ("overrides", "preset", "unknown preset", "sampler", "test")
 _STUDY_FIELDS = (("loss", "losses", 1), ("dataset", "datasets", 0), ("strategy", "strategies", 2))
 
 
-def _in_campaign(message: str, source: str, cell: Cell) -> str:
+def _in_campaign(message: str, source: str, cell: Cell, own_miner: bool = False) -> str:
     """A study-level error of :func:`resolve` with its key written as the campaign's key
     (``loss.name`` → ``losses.3.name``), or with the study named when the key is shared."""
     rest = message.removeprefix(f"{source}: ")
     if rest.startswith("search.enqueue."):  # a loss item's own enqueue list
         return f"{source}: losses.{cell.where[1]}.enqueue.{rest.removeprefix('search.enqueue.')}"
+    if own_miner and rest.startswith(("miner.", "miner:", "miner ")):  # a loss item's own miner
+        return f"{source}: losses.{cell.where[1]}.{rest}"
     for key, campaign_key, n in _STUDY_FIELDS:
         item = f"{campaign_key}.{cell.where[n]}"
         if rest.startswith((f"{key}.", f"{key}:")):
@@ -259,7 +266,8 @@ def resolve_campaign(
         try:
             resolved = resolve(cell.study, source)
         except ConfigError as e:
-            raise ConfigError(_in_campaign(str(e), source, cell)) from None
+            own_miner = cfg.losses[cell.where[1]].miner is not None
+            raise ConfigError(_in_campaign(str(e), source, cell, own_miner)) from None
         plan.append((cell, resolved))
     return plan
 
@@ -336,6 +344,12 @@ class Progress:
 FINISHED = ("complete", "failed", "pruned")  # trial states that count towards the budget
 
 
+def _scored_zero(reason: str | None) -> bool:
+    from mlrc import store
+
+    return bool(reason) and reason.startswith(store.NONFINITE)
+
+
 def progress(engine: Any, name: str) -> Progress:
     """How far study ``name`` is, from the store: trials finished of the budget, reproductions
     tested; "done" when every reproduction is tested; "failed: reason" when every trial failed
@@ -367,17 +381,20 @@ def progress(engine: Any, name: str) -> Progress:
     budget = int(st.config.get("trials") or 0)
     wanted = int(st.config.get("reproductions") or 0)
     finished = sum(state in FINISHED for state, _ in trials)
-    complete = sum(state == "complete" for state, _ in trials)
+    # a complete trial with a non-finite reason was scored 0 (as the reference): not usable
+    zero = [r for state, r in trials if state == "complete" and _scored_zero(r)]
+    complete = sum(state == "complete" for state, _ in trials) - len(zero)
     running = sum(state == "running" for state, _ in trials) + sum(
         status == "running" for status, *_ in test_folds
     )
     if wanted and reps >= wanted:
         return Progress("done", "done")
     if finished >= budget and complete == 0 and not running:
-        reasons = [r for state, r in trials if state == "failed" and r]
+        reasons = [r for state, r in trials if r and (state == "failed" or _scored_zero(r))]
         last = f" (last: {reasons[-1]})" if reasons else ""
         if len(reasons) == finished:
-            return Progress("failed", f"failed: all {finished} trials failed{last}")
+            how = "failed or scored 0 for a non-finite loss" if zero else "failed"
+            return Progress("failed", f"failed: all {finished} trials {how}{last}")
         pruned = finished - len(reasons)
         return Progress("failed", f"failed: no trial completed ({pruned} pruned{last})")
     bad = [f for f in test_folds if f[0] == "failed"]
@@ -459,10 +476,13 @@ def campaign_run(
     """Run (or resume) every study of the campaign: search, then test stage, one after another.
     Exit 1 if a study failed (the others still run)."""
     from mlrc import store
-    from mlrc.cli import _fail, _print_report, _user_errors, console
+    from mlrc.cli import _fail, _print_report, _user_errors, check_artifacts, check_device, console
 
     if backend not in ("local", "ray"):
         _fail(f"unknown backend {backend!r} (local or ray)")
+    if backend == "local" or address is None:  # a remote Ray cluster's GPUs are not ours to see
+        check_device(device)
+    check_artifacts(artifacts)
     with _user_errors():
         cfg = load_campaign(campaign_file)
         plan = resolve_campaign(cfg, str(campaign_file))
@@ -587,7 +607,7 @@ def campaign_status(
     from mlrc.cli import _fail, _user_errors
 
     with _user_errors():
-        engine = store.connect(storage)
+        engine = store.connect(storage, read_only=True)
         if campaign.endswith((".yaml", ".yml")):
             cfg = load_campaign(campaign, check_roots=False)
         else:

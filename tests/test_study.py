@@ -238,22 +238,32 @@ class _MaybeNaN(torch.nn.Module):
         return embeddings.pow(2).mean() * (float("nan") if self.explode > 0.5 else 1.0)
 
 
-@losses.register("test_maybe_nan", batch="pair")
 def _maybe_nan(*, num_classes: int, embedding_size: int, explode: float = 0.0):
     """NaN from the first iteration when explode > 0.5 (for tests)."""
     return _MaybeNaN(explode)
 
 
-def test_non_finite_trial_is_failed_with_its_reason_and_the_study_goes_on(tmp_path):
-    loss = {"name": "test_maybe_nan", "search": {"explode": {"low": 0.0, "high": 1.0}}}
+@pytest.fixture
+def maybe_nan_loss():
+    """Registered only while the test runs: other tests list every registered loss."""
+    losses.register("test_maybe_nan", batch="pair")(_maybe_nan)
+    yield "test_maybe_nan"
+    losses.LOSSES._factories.pop("test_maybe_nan", None)
+
+
+def test_non_finite_trial_is_scored_0_with_its_reason_and_the_study_goes_on(
+    tmp_path, maybe_nan_loss
+):
+    loss = {"name": maybe_nan_loss, "search": {"explode": {"low": 0.0, "high": 1.0}}}
     path = study_file(tmp_path, loss=loss, enqueue=[{"explode": 0.9}, {"explode": 0.1}])
     url = f"sqlite:///{tmp_path / 'db'}"
     cli("study", "run", str(path), "--storage", url, "--artifacts", str(tmp_path / "a"), "--quiet")
     trials = sorted(rows(url, Trial), key=lambda t: t.number)
-    assert [t.state for t in trials] == ["failed", "complete"]
-    assert trials[0].reason == "fold 0: non-finite loss at iteration 1"
+    assert [t.state for t in trials] == ["complete", "complete"]
+    assert (trials[0].value, trials[0].sem) == (0.0, 0.0)
+    assert trials[0].reason == "non-finite loss at iteration 1, fold 0"
     out = cli("study", "status", str(path), "--storage", url).output
-    assert "non-finite loss at iteration 1" in out
+    assert "non-finite loss at iteration 1, fold 0" in out
 
 
 def test_real_omniglot_study_end_to_end(tmp_path, omniglot_zip):

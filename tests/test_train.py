@@ -65,7 +65,7 @@ def test_same_seed_same_metrics_on_cpu(glyphs, tmp_path):
     assert a.status == "complete" and len(a.history) == 4  # epochs 0..3
     assert history(a) == history(b)
     assert history(a) != history(c)
-    assert a.best_epoch >= 1 and Path(a.checkpoint).is_file()
+    assert a.best_epoch is not None and Path(a.checkpoint).is_file()
 
 
 def test_finished_fold_is_not_trained_again(glyphs, tmp_path):
@@ -76,8 +76,25 @@ def test_finished_fold_is_not_trained_again(glyphs, tmp_path):
     assert (tmp_path / "best.pt").stat().st_mtime_ns == mtime
 
 
-def test_patience_in_epochs_and_epoch_zero_is_never_best(glyphs, tmp_path):
-    # lr 0 with frozen BatchNorm: the model never changes, every validation ties with epoch 1
+def pml_hook_rules(history: list[tuple[int, float]], patience: int) -> tuple[int, int, float]:
+    """The reference's rules, written from PML's ``HookContainer`` (independently of mlrc):
+    best epoch = the first epoch with the highest val MAP@R among epochs not in
+    ``ignore_epoch=(-1,)`` (so epoch 0 counts); training stops at the first validation where
+    ``epoch − best_epoch > patience``; the search's value ignores the untrained epochs.
+    Returns (best epoch, stop epoch, objective)."""
+    seen: list[tuple[int, float]] = []
+    for epoch, value in history:
+        seen.append((epoch, value))
+        top = max(v for _, v in seen)
+        best = next(e for e, v in seen if v == top)
+        if epoch - best > patience:
+            break
+    return best, epoch, max(v for e, v in seen if e >= 1)
+
+
+def test_patience_in_epochs_and_epoch_zero_can_be_best(glyphs, tmp_path):
+    # lr ~0 with frozen BatchNorm: the model never changes, every validation ties with epoch 0,
+    # which (as in PML's hooks) is then the best epoch and starts the patience clock
     res = train_fold(
         spec(
             glyphs,
@@ -88,9 +105,78 @@ def test_patience_in_epochs_and_epoch_zero_is_never_best(glyphs, tmp_path):
             patience={"default": 2},
         )
     )
-    assert res.status == "complete" and res.best_epoch == 1
-    assert [h.epoch for h in res.history] == [0, 1, 2, 3, 4]  # stops when epoch − best > 2
+    curve = [(h.epoch, h.map_at_r) for h in res.history]
+    best, stop, objective = pml_hook_rules(curve, patience=2)
+    assert res.status == "complete" and (res.best_epoch, best) == (0, 0)
+    assert [h.epoch for h in res.history] == [0, 1, 2, 3] and stop == 3  # 3 − 0 > 2
     assert len({h.map_at_r for h in res.history}) == 1
+    assert res.objective == objective  # trained epochs only
+    assert (tmp_path / "best.pt").is_file() and not list(tmp_path.glob("best.pending-*"))
+
+
+class _Collapse(torch.nn.Module):
+    """Pulls every embedding to the batch mean: training makes the model worse than epoch 0."""
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return (embeddings - embeddings.mean(0, keepdim=True)).pow(2).sum(1).mean()
+
+
+@pytest.fixture
+def collapse_loss():
+    losses.register("test_collapse", batch="pair")(
+        lambda *, num_classes, embedding_size: _Collapse()
+    )
+    yield "test_collapse"
+    losses.LOSSES._factories.pop("test_collapse", None)
+
+
+def naive_map_at_r(x: np.ndarray, y: np.ndarray) -> float:
+    """MAP@R by a plain loop over queries (float64, L2-normalised, self excluded, stable ties)."""
+    x = x.astype(np.float64)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    total, count = 0.0, 0
+    for q in range(len(x)):
+        R = int((y == y[q]).sum()) - 1
+        if R == 0:
+            continue
+        others = [i for i in range(len(x)) if i != q]
+        sims = x[others] @ x[q]
+        order = [others[i] for i in np.argsort(-sims, kind="stable")][:R]
+        hits, ap = 0, 0.0
+        for rank, i in enumerate(order, 1):
+            if y[i] == y[q]:
+                hits += 1
+                ap += hits / rank
+        total, count = total + ap / R, count + 1
+    return total / count
+
+
+def test_best_checkpoint_holds_the_best_epoch_not_the_last(glyphs, tmp_path, collapse_loss):
+    """A fold whose best epoch is earlier than its last: best.pt, reloaded and evaluated with a
+    naive loop, gives the stored best val MAP@R (and not the last epoch's)."""
+    from mlrc.data.transforms import eval_transform
+    from mlrc.train.fold import _View, embed, load_model
+
+    s = spec(
+        glyphs,
+        tmp_path,
+        loss=collapse_loss,
+        optimizer={"lr": 1e-2, "weight_decay": 0.0},
+        max_epochs=4,
+        patience={"default": 100},
+    )
+    res = train_fold(s)
+    last = res.history[-1]
+    assert res.status == "complete" and res.best_epoch < last.epoch
+    assert last.map_at_r < res.best["map_at_r"]  # the collapse really made it worse
+    model = load_model(s.preset, tmp_path / "best.pt")
+    im = s.preset.image
+    view = _View(
+        s.dataset, s.val_classes, eval_transform(im.resize, im.crop, model.trunk.input_spec)
+    )
+    emb, lab = embed(model, view, 64, "cpu")
+    assert naive_map_at_r(emb, lab) == pytest.approx(res.best["map_at_r"], abs=1e-9)
+    assert naive_map_at_r(emb, lab) != pytest.approx(last.map_at_r, abs=1e-6)
 
 
 def test_class_loss_uses_one_image_per_class_and_its_own_optimiser(glyphs, tmp_path):
@@ -111,24 +197,33 @@ class _NaNAfter(torch.nn.Module):
         return embeddings.pow(2).mean() * (float("nan") if self.calls >= self.n else 1.0)
 
 
-@losses.register("test_nan_at_3", batch="pair")
 def _nan_loss(*, num_classes: int, embedding_size: int):
     """A loss that turns NaN at its third call (for tests)."""
     return _NaNAfter(3)
 
 
-def test_non_finite_loss_fails_the_fold_with_the_iteration(glyphs, tmp_path):
-    res = train_fold(spec(glyphs, tmp_path, loss="test_nan_at_3"))
+@pytest.fixture
+def nan_at_3():
+    """Registered only while the test runs: other tests list every registered loss."""
+    losses.register("test_nan_at_3", batch="pair")(_nan_loss)
+    yield "test_nan_at_3"
+    losses.LOSSES._factories.pop("test_nan_at_3", None)
+
+
+def test_non_finite_loss_fails_the_fold_with_the_iteration(glyphs, tmp_path, nan_at_3):
+    res = train_fold(spec(glyphs, tmp_path, loss=nan_at_3))
     assert res.status == "failed" and res.reason == "non-finite loss at iteration 3"
+    assert res.nonfinite
 
 
 def test_frozen_batchnorm_keeps_running_statistics(glyphs, tmp_path):
-    res = train_fold(spec(glyphs, tmp_path, freeze_batchnorm=True))
-    weights = torch.load(res.checkpoint, weights_only=True)
+    # the last epoch's weights (last.pt): best.pt may hold the untrained epoch 0
+    train_fold(spec(glyphs, tmp_path, freeze_batchnorm=True))
+    weights = torch.load(tmp_path / "last.pt", weights_only=True)["model"]
     bn_means = [v for k, v in weights.items() if k.endswith("running_mean")]
     assert bn_means and all(torch.equal(m, torch.zeros_like(m)) for m in bn_means)
-    trained = train_fold(spec(glyphs, tmp_path / "unfrozen", freeze_batchnorm=False))
-    w2 = torch.load(trained.checkpoint, weights_only=True)
+    train_fold(spec(glyphs, tmp_path / "unfrozen", freeze_batchnorm=False))
+    w2 = torch.load(tmp_path / "unfrozen" / "last.pt", weights_only=True)["model"]
     assert any(
         not torch.equal(v, torch.zeros_like(v)) for k, v in w2.items() if k.endswith("running_mean")
     )

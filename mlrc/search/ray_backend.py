@@ -148,8 +148,9 @@ def _trainable(config: dict[str, Any], job: Job) -> None:
             value = None
     if reason is not None:
         storage.set_trial_user_attr(trial_id, "reason", reason)
+    if value is None:
         tune.report({"map_at_r": 0.0, "folds_done": n, "final": True, "failed": reason})
-    else:
+    else:  # with a reason: scored 0 for a non-finite loss, an observation like any other
         tune.report({"map_at_r": value, "folds_done": n, "final": True})
 
 

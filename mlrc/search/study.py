@@ -11,6 +11,7 @@ resumes from its ``last.pt``.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import logging
 import math
@@ -44,6 +45,7 @@ from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
 from mlrc.store import EpochMetric, FoldRun, TestResult, Trial, session, upsert
 from mlrc.train.fold import (
+    UNTRAINED_SEED,
     CheckpointError,
     EpochRecord,
     FoldResult,
@@ -52,6 +54,7 @@ from mlrc.train.fold import (
     embed,
     load_model,
     train_fold,
+    untrained_trunk,
 )
 
 log = logging.getLogger("mlrc")
@@ -94,6 +97,62 @@ class Context:
 
 def params_hash(params: dict[str, Any]) -> str:
     return hashlib.sha256(store.canonical_json(params).encode()).hexdigest()[:16]
+
+
+def protocol_of(r: ResolvedStudy) -> dict[str, Any]:
+    """What defines a fold's numbers besides its parameters, fold, reproduction and seed: the
+    dataset, the loss/miner/strategy/batch sampler *names* (their values are the parameters),
+    the study seed, and the resolved preset without its budgets (``search``, ``test``: trials
+    and reproductions add work, they do not change a fold) and without the runtime-only fields
+    (speed, not numbers). The search space, enqueued points, BO sampler and pruner decide which
+    parameters are tried, not what a fold with given parameters computes."""
+    fp = r.fingerprint()
+    study, preset = fp["study"], dict(fp["preset"])
+    for budget in ("search", "test"):
+        preset.pop(budget, None)
+    return {
+        "dataset": study["dataset"],
+        "loss": study["loss"]["name"],
+        "miner": (study.get("miner") or {}).get("name"),
+        "strategy": (study.get("strategy") or {}).get("name"),
+        "sampler": study["sampler"],
+        "seed": study["search"]["seed"],
+        "preset": preset,
+    }
+
+
+def protocol_key(r: ResolvedStudy) -> str:
+    """A short hash of :func:`protocol_of`: the artifact folder level that keeps checkpoints of
+    different configurations apart (a new store never adopts another configuration's folds)."""
+    return hashlib.sha256(store.canonical_json(protocol_of(r)).encode()).hexdigest()[:12]
+
+
+def fold_dir(ctx: Context, kind: str, h: str, reproduction: int, fold: int) -> Path:
+    """``<artifacts>/<study>/p-<protocol key>/<kind>/<params hash>/[rep<N>/]fold<k>``."""
+    rep = f"rep{reproduction}" if kind == "test" else ""
+    return ctx.artifacts / f"p-{protocol_key(ctx.resolved)}" / kind / h / rep / f"fold{fold}"
+
+
+@functools.cache
+def code_version() -> str:
+    """mlrc's version, with the git commit when running from a checkout (``0.1.0+g1a2b3c4``,
+    ``-dirty`` when it has uncommitted changes): recorded with every result it computes."""
+    import subprocess
+
+    here = Path(__file__).resolve().parents[2]
+    if not (here / ".git").exists():  # an installed package: its version says it
+        return __version__
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(here), "describe", "--always", "--dirty", "--abbrev=7"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return __version__
+    return f"{__version__}+g{out}" if out else __version__
 
 
 def derive_seed(*parts: object) -> int:
@@ -404,9 +463,11 @@ def _tell(
     ctx: Context, ostudy: optuna.Study, claim: _Claim, value: float | None, reason: str | None
 ) -> None:
     def tell() -> None:
-        if reason is None:
+        if value is not None:  # a reason beside a value: scored 0 for a non-finite loss
+            if reason is not None:
+                claim.trial.set_user_attr("reason", reason)
             ostudy.tell(claim.trial, value)
-        elif reason.startswith(PRUNED):
+        elif reason is not None and reason.startswith(PRUNED):
             ostudy.tell(claim.trial, state=TrialState.PRUNED)
         else:
             claim.trial.set_user_attr("reason", reason)
@@ -422,7 +483,9 @@ def _tell(
         log.warning("trial %d was declared lost while it ran: %s", claim.trial.number, e)
         _finish_trial(ctx, claim.trial.number, "interrupted", None, None, "declared lost: retried")
         return
-    if reason is not None and reason.startswith(PRUNED):
+    if reason is not None and value is not None:
+        log.warning("trial %d scored %g: %s", claim.trial.number, value, reason)
+    elif reason is not None and reason.startswith(PRUNED):
         log.info("trial %d %s", claim.trial.number, reason)
     elif reason is not None:
         log.warning("trial %d failed: %s", claim.trial.number, reason)
@@ -550,7 +613,10 @@ def _interrupted_on_exit(
     except BaseException as e:
         if not isinstance(e, store.StoreError | DBAPIError):
             _record_interrupt(ctx, ostudy, storage, study_id, claim)
-        if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):
+        # a Ctrl-C may surface as another error raised while it unwound (torch.save's
+        # RuntimeError mid-checkpoint): still an interrupt, naming the trial
+        stopped = e if isinstance(e, KeyboardInterrupt) else e.__context__
+        if isinstance(stopped, KeyboardInterrupt) and not isinstance(e, Interrupted):
             raise Interrupted(claim.trial.number) from e
         raise
 
@@ -591,7 +657,10 @@ def _objective(
     folds: FoldRunner = sequential_folds,
     should_prune: Callable[[int, float], bool] | None = None,
 ) -> tuple[float | None, str | None]:
-    """Train the folds of one trial; (mean val MAP@R, None) or (None, failure reason).
+    """Train the folds of one trial; (mean val MAP@R, None), (None, failure reason), or — a fold
+    whose loss or embeddings went non-finite — (0.0, reason): as in the reference harness, whose
+    trial then returns (mean 0, SEM 0) to the optimiser, so the sampler learns to avoid the
+    region (a FAILED trial would be ignored by GP and TPE). The trial stops at that fold.
     ``on_fold(k, running mean)`` is called as the k-th fold finishes (in completion order);
     ``should_prune(k, running mean)`` returning True stops the trial: it is recorded as pruned
     and ``optuna.TrialPruned`` is raised with the reason."""
@@ -614,11 +683,15 @@ def _objective(
     )
     values: dict[int, float] = {}
     for fold, res in folds(ctx, params, number):
+        if res.nonfinite:  # "non-finite loss at iteration i, fold f" (store.NONFINITE)
+            reason = f"{res.reason}, fold {fold}"
+            _finish_trial(ctx, number, "complete", 0.0, 0.0, reason)
+            return 0.0, reason
         if res.status != "complete":
             reason = f"fold {fold}: {res.reason}"
             _finish_trial(ctx, number, "failed", None, None, reason)
             return None, reason
-        values[fold] = res.best["map_at_r"]
+        values[fold] = res.objective
         k, running = len(values), float(np.mean(list(values.values())))
         if on_fold is not None and k < len(ctx.split.folds):
             on_fold(k, running)
@@ -698,10 +771,22 @@ def run_fold(
                 {k: getattr(row, k) for k in store.METRIC_COLUMNS},
                 checkpoint=row.checkpoint,
                 wall_time_s=row.wall_time_s or 0.0,
+                # rows before schema 3: epoch 0 was never best, so map_at_r is the objective
+                objective=row.map_at_r if row.objective is None else row.objective,
+                device=row.device,
+                code_version=row.code_version,
             )
         log.warning("%s: checkpoint %s is missing; training it again", what, row.checkpoint)
     r = ctx.resolved
     seed = derive_seed(r.study.search.seed, kind, h, reproduction, fold)
+    identity = {
+        "protocol": protocol_key(r),
+        "params": h,
+        "kind": kind,
+        "reproduction": reproduction,
+        "fold": fold,
+        "seed": seed,
+    }
     fold_run_id = store.transact(
         ctx.engine,
         lambda s: (
@@ -713,7 +798,8 @@ def run_fold(
                 seed=seed,
                 status="running",
                 reason=None,
-                device=ctx.device,
+                device=ctx.device,  # this run's, until the result says who computed it
+                code_version=code_version(),
             ).id
         ),
         f"starting {what}",
@@ -756,14 +842,12 @@ def run_fold(
         loss_lr=params.get(LOSS_LR),
         preset=r.preset,
         seed=seed,
-        workdir=ctx.artifacts
-        / kind
-        / h
-        / (f"rep{reproduction}" if kind == "test" else "")
-        / f"fold{fold}",
+        workdir=fold_dir(ctx, kind, h, reproduction, fold),
         device=ctx.device,
         desc=f"{label} · fold {fold}",
         progress=ctx.progress,
+        identity=identity,
+        code_version=code_version(),
     )
     try:
         res = train_fold(spec, on_validation=record)
@@ -781,8 +865,11 @@ def run_fold(
             status=res.status,
             reason=res.reason,
             best_epoch=res.best_epoch,
+            objective=res.objective,
             checkpoint=res.checkpoint,
             wall_time_s=res.wall_time_s,
+            device=res.device,  # provenance: the run that computed it (adopted or not)
+            code_version=res.code_version,
             **{k: best.get(k) for k in store.METRIC_COLUMNS},
         ),
         f"recording {what}",
@@ -803,7 +890,14 @@ def best_params(ctx: Context) -> dict[str, Any]:
         raise StudyError(
             f"study {ctx.name!r} has no complete trial yet: run `mlrc study run` first"
         )
-    return {**ctx.resolved.fixed, **ostudy.best_trial.params}
+    best = ostudy.best_trial
+    if str(best.user_attrs.get("reason") or "").startswith(store.NONFINITE):
+        raise StudyError(
+            f"study {ctx.name!r}: every complete trial was scored 0 because its loss or "
+            f"embeddings went non-finite (best: trial {best.number}, {best.user_attrs['reason']});"
+            " nothing to test — narrow the search space (e.g. loss_lr) and search again"
+        )
+    return {**ctx.resolved.fixed, **best.params}
 
 
 def run_test(ctx: Context) -> list[str]:
@@ -811,6 +905,7 @@ def run_test(ctx: Context) -> list[str]:
     classes, separated (each 128-D fold model, then their mean) and concatenated (512-D).
     Returns messages for reproductions that failed (their results are not stored)."""
     params = best_params(ctx)
+    ensure_baseline(ctx)
     problems = []
     for rep in range(1, ctx.resolved.reproductions + 1):
         with session(ctx.engine) as s:
@@ -826,6 +921,75 @@ def run_test(ctx: Context) -> list[str]:
         if problem:
             problems.append(problem)
     return problems
+
+
+def baseline_of(r: ResolvedStudy) -> dict[str, Any]:
+    """What defines the untrained row's numbers: the dataset, the trunk and its weights, the
+    eval transform (the test classes are the second half of the classes, whatever the folds)."""
+    p = r.preset
+    return {
+        "dataset": r.study.dataset.model_dump(mode="json"),
+        "trunk": p.trunk,
+        "pretrained": p.pretrained,
+        "seed": None if p.pretrained else UNTRAINED_SEED,
+        "resize": p.image.resize,
+        "crop": p.image.crop,
+    }
+
+
+def ensure_baseline(ctx: Context) -> None:
+    """The untrained trunk on the test classes (the tables' "Pretrained" row, or "Random init"
+    for a trunk trained from scratch), computed once per :func:`baseline_of` key and linked to
+    this study. Separated = concatenated = the trunk's own features (L2-normalised by the
+    metrics), as the reference harness does for untrained status."""
+    r, config = ctx.resolved, baseline_of(ctx.resolved)
+    key = hashlib.sha256(store.canonical_json(config).encode()).hexdigest()[:16]
+
+    def have(s: Any) -> bool:
+        return s.execute(select(store.Baseline.id).filter_by(key=key)).first() is not None
+
+    if not store.transact(ctx.engine, have, "reading the untrained baseline"):
+        kind = "pretrained" if r.preset.pretrained else "random_init"
+        label = f"{'Pretrained' if r.preset.pretrained else 'Random init'} ({r.preset.trunk})"
+        log.info("computing the untrained baseline row: %s on the test classes", label)
+        model = untrained_trunk(r.preset).to(ctx.device)
+        p = r.preset
+        emb, labels = embed(
+            model, _test_view(ctx, model.trunk.input_spec), p.eval_batch_size, ctx.device
+        )
+        m = retrieval_metrics(emb, labels, device=ctx.device)
+        m.pop("num_queries")
+        m |= analysis_metrics(emb, labels, seed=r.study.search.seed)
+
+        def write(s: Any) -> None:
+            for mode in ("separated", "concatenated"):
+                upsert(
+                    s,
+                    store.Baseline,
+                    {"key": key, "mode": mode},
+                    dataset=r.study.dataset.name,
+                    kind=kind,
+                    label=label,
+                    trunk=p.trunk,
+                    extra={k: v for k, v in m.items() if k not in store.METRIC_COLUMNS},
+                    config=config,
+                    device=ctx.device,
+                    code_version=code_version(),
+                    **{k: m[k] for k in store.METRIC_COLUMNS},
+                )
+
+        store.transact(ctx.engine, write, "recording the untrained baseline")
+
+    def link(s: Any) -> None:  # (not upsert: its own argument is called ``key``)
+        row = s.execute(
+            select(store.StudyBaseline).filter_by(study_id=ctx.study_id)
+        ).scalar_one_or_none()
+        if row is None:
+            s.add(store.StudyBaseline(study_id=ctx.study_id, key=key))
+        else:
+            row.key = key
+
+    store.transact(ctx.engine, link, "linking the untrained baseline")
 
 
 def _test_view(ctx: Context, input_spec: dict) -> _View:

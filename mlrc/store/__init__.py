@@ -1,7 +1,8 @@
 """The store: mlrc's own tables beside Optuna's, in one SQL database (SQLite or PostgreSQL).
 
 Tables (prefix ``mlrc_``): ``study``, ``trial``, ``fold_run``, ``epoch_metric``, ``test_result``,
-``campaign_study`` (which studies a campaign holds), ``meta`` (schema version). Metric columns are fractions in [0, 1]. Every write is idempotent:
+``baseline`` + ``study_baseline`` (the untrained "Pretrained" row), ``campaign_study`` (which
+studies a campaign holds), ``meta`` (schema version). Metric columns are fractions in [0, 1]. Every write is idempotent:
 rows have natural unique keys and are upserted, so re-running finished work writes nothing new.
 
 ``fold_run`` rows are keyed by (study, kind, params_hash, reproduction, fold): ``kind`` is
@@ -38,7 +39,15 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-SCHEMA_VERSION = 2  # 2: test_result.extra (analysis metrics)
+SCHEMA_VERSION = 3  # 2: test_result.extra (analysis metrics); 3: fold_run.objective/code_version
+# Columns added since a released schema version, added in place when an older store is opened
+# (additive only: an older mlrc refuses the upgraded store by its version number).
+ADDED_COLUMNS: dict[int, list[tuple[str, str, str]]] = {
+    3: [
+        ("mlrc_fold_run", "objective", "FLOAT"),
+        ("mlrc_fold_run", "code_version", "VARCHAR(64)"),
+    ],
+}
 log = logging.getLogger("mlrc")
 T = TypeVar("T")
 
@@ -82,9 +91,13 @@ class Trial(Base):
     number: Mapped[int] = mapped_column(Integer)  # Optuna trial number
     params: Mapped[dict] = mapped_column(JSON)
     params_hash: Mapped[str] = mapped_column(String(64))
-    state: Mapped[str] = mapped_column(String(16))  # running | complete | failed | interrupted
+    # running | complete | failed | pruned | interrupted
+    state: Mapped[str] = mapped_column(String(16))
     value: Mapped[float | None] = mapped_column(Float)  # mean val MAP@R over folds
     sem: Mapped[float | None] = mapped_column(Float)  # SEM of val MAP@R over folds
+    # why it failed / was pruned; on a *complete* trial: why it was scored 0 (its loss or
+    # embeddings went non-finite; the reference harness gives such a trial (0, 0)), see
+    # NONFINITE
     reason: Mapped[str | None] = mapped_column(Text)
     updated: Mapped[dt.datetime] = mapped_column(DateTime, default=_now, onupdate=_now)
 
@@ -103,12 +116,17 @@ class FoldRun(Base):
     status: Mapped[str] = mapped_column(String(16))  # running | complete | failed
     reason: Mapped[str | None] = mapped_column(Text)
     best_epoch: Mapped[int | None] = mapped_column(Integer)
-    map_at_r: Mapped[float | None] = mapped_column(Float)  # best validation metrics
+    # validation metrics of best_epoch (the epoch best.pt holds; 0 = the untrained model)
+    map_at_r: Mapped[float | None] = mapped_column(Float)
     precision_at_1: Mapped[float | None] = mapped_column(Float)
     r_precision: Mapped[float | None] = mapped_column(Float)
+    # the value the search sees: best val MAP@R over trained epochs (NULL in rows written
+    # before schema 3, when epoch 0 was never best: map_at_r is that value there)
+    objective: Mapped[float | None] = mapped_column(Float)
     checkpoint: Mapped[str | None] = mapped_column(Text)  # URI of the best checkpoint
     wall_time_s: Mapped[float | None] = mapped_column(Float)
-    device: Mapped[str | None] = mapped_column(String(32))
+    device: Mapped[str | None] = mapped_column(String(32))  # of the run that computed it
+    code_version: Mapped[str | None] = mapped_column(String(64))  # likewise
     updated: Mapped[dt.datetime] = mapped_column(DateTime, default=_now, onupdate=_now)
 
 
@@ -142,6 +160,44 @@ class TestResult(Base):
     extra: Mapped[dict | None] = mapped_column(JSON)
 
 
+class Baseline(Base):
+    """An untrained model on a study's test classes: the tables' first row of a dataset block.
+
+    ``kind`` ``pretrained`` (the ImageNet trunk alone, as the reference harness's
+    "untrained_trunk", epoch −1) or ``random_init`` (a trunk trained from scratch by the preset,
+    randomly initialised, seeded). Computed once per ``key`` (a hash of what defines its numbers:
+    dataset, trunk, weights, eval transform, split) and shared by the studies that use it
+    (:class:`StudyBaseline`). ``separated`` and ``concatenated`` hold the same trunk features, as
+    the reference does for untrained status; a single value, no confidence interval."""
+
+    __tablename__ = "mlrc_baseline"
+    __table_args__ = (UniqueConstraint("key", "mode"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(String(64))
+    dataset: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))  # pretrained | random_init
+    label: Mapped[str] = mapped_column(String(128))  # row label, e.g. "Pretrained (bninception)"
+    trunk: Mapped[str] = mapped_column(String(128))
+    mode: Mapped[str] = mapped_column(String(16))  # separated | concatenated
+    map_at_r: Mapped[float] = mapped_column(Float)
+    precision_at_1: Mapped[float] = mapped_column(Float)
+    r_precision: Mapped[float] = mapped_column(Float)
+    extra: Mapped[dict | None] = mapped_column(JSON)  # analysis metrics, as test_result.extra
+    config: Mapped[dict] = mapped_column(JSON)  # what the key hashes
+    device: Mapped[str | None] = mapped_column(String(32))
+    code_version: Mapped[str | None] = mapped_column(String(64))
+    created: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+
+
+class StudyBaseline(Base):
+    """Which baseline (``mlrc_baseline.key``) belongs to a study's dataset block."""
+
+    __tablename__ = "mlrc_study_baseline"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("mlrc_study.id"), unique=True)
+    key: Mapped[str] = mapped_column(String(64))
+
+
 class CampaignStudy(Base):
     """Membership of a study in a campaign (a grid of studies: dataset × loss [× strategy])."""
 
@@ -155,6 +211,7 @@ class CampaignStudy(Base):
 
 
 METRIC_COLUMNS = ("map_at_r", "precision_at_1", "r_precision")
+NONFINITE = "non-finite"  # reasons of trials scored 0 start with it (state complete, value 0)
 
 
 # --- engine ------------------------------------------------------------------------------------
@@ -335,11 +392,13 @@ def advisory_lock(engine: Engine, name: str) -> Iterator[None]:
         conn.close()
 
 
-def connect(url: str) -> Engine:
+def connect(url: str, read_only: bool = False) -> Engine:
     """Engine for ``url``; creates mlrc's tables and checks the schema version.
 
     PostgreSQL engines ping pooled connections and retry lost ones (:func:`retry_connects`);
-    table creation is serialised by an advisory lock, so many workers may start at once."""
+    table creation is serialised by an advisory lock, so many workers may start at once.
+    ``read_only`` (commands that only read): a SQLite file that does not exist is a
+    :class:`StoreError` and is not created (a typo in the URL would show an empty store)."""
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
     try:
@@ -351,6 +410,12 @@ def connect(url: str) -> Engine:
     if "@" in (engine.url.host or ""):  # the host's name would show the rest of the password
         raise StoreError(f"{redact(url)}: cannot use this database URL")
     if engine.dialect.name == "sqlite":
+        database = sqlite_path(engine)
+        if read_only and database is not None and not os.path.exists(database):
+            raise StoreError(
+                f"{redact(url)}: no such database file ({database}); check --storage or "
+                "MLRC_STORAGE"
+            )
         event.listen(engine, "connect", _sqlite_pragmas)
     retry_connects(engine)
     try:
@@ -360,6 +425,9 @@ def connect(url: str) -> Engine:
                 row = s.get(Meta, "schema_version")
                 if row is None:
                     s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+                elif row.value.isdigit() and 2 <= int(row.value) < SCHEMA_VERSION:
+                    _add_columns(s, int(row.value))
+                    row.value = str(SCHEMA_VERSION)
                 elif row.value != str(SCHEMA_VERSION):
                     raise StoreError(
                         f"{redact(url)}: written by mlrc schema version {row.value}, this mlrc "
@@ -371,6 +439,18 @@ def connect(url: str) -> Engine:
     except DBAPIError as e:
         raise StoreError(f"{redact(url)}: {_describe(e)}") from None
     return engine
+
+
+def _add_columns(s: Session, version: int) -> None:
+    """Upgrade a store of schema ``version`` in place: add the columns of later versions."""
+    from sqlalchemy import inspect, text
+
+    for v in range(version + 1, SCHEMA_VERSION + 1):
+        for table, column, sql_type in ADDED_COLUMNS.get(v, []):
+            have = {c["name"] for c in inspect(s.connection()).get_columns(table)}
+            if column not in have:
+                s.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
+    log.info("store upgraded from schema %d to %d", version, SCHEMA_VERSION)
 
 
 def sqlite_path(engine: Engine) -> str | None:

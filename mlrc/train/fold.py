@@ -9,6 +9,20 @@ a callback, and returns a ``FoldResult``. Checkpoints in ``spec.workdir``:
 
 Re-running a fold whose ``last.pt`` exists resumes after the last finished epoch (a process killed
 with SIGKILL loses at most one epoch); a finished fold returns its result without training.
+``last.pt`` records the fold's ``identity`` (what defines its numbers: protocol, parameters,
+fold, reproduction, seed) and the device and code version that computed it: a checkpoint whose
+recorded identity differs from the spec's is never adopted (the fold is trained again, said once
+in the log), and an adopted result keeps the provenance of the run that computed it.
+
+Best epoch, as the reference harness (powerful-benchmarker + PML's ``HookContainer``):
+
+- epoch 0 is the untrained model (trunk + random embedder, the reference's
+  "untrained_trunk_and_embedder"). Like PML's ``get_best_epoch_and_accuracy(ignore_epoch=(-1,))``
+  it *is* a candidate for the best epoch: it starts the patience clock and, if no trained epoch
+  beats it, ``best.pt`` keeps it. Ties keep the earlier epoch.
+- the value handed to the search (:attr:`FoldResult.objective`) is the best validation MAP@R over
+  *trained* epochs (≥ 1), as the reference's aggregator ignores the untrained epochs.
+- stop when ``epoch − best_epoch > patience`` (checked at validation epochs).
 
 Crash consistency: every file is written to a temp file, fsynced and renamed (a kill leaves the
 previous version; a full disk raises a one-line :class:`CheckpointError` and removes the temp
@@ -68,19 +82,28 @@ class FoldSpec:
     sampler_params: dict[str, Any] = field(default_factory=dict)
     desc: str = "fold"
     progress: bool = True
+    identity: dict[str, Any] = field(default_factory=dict)  # what defines its numbers
+    code_version: str | None = None
 
 
 @dataclass
 class EpochRecord:
-    epoch: int  # 0 = before training (not a candidate for best)
+    epoch: int  # 0 = before training (a candidate for best, not for the objective)
     train_loss: float | None
     map_at_r: float
     precision_at_1: float
     r_precision: float
 
 
+NONFINITE = "non-finite"  # failure reasons of a loss or embeddings gone NaN/inf start with it
+
+
 @dataclass
 class FoldResult:
+    """``best``: validation metrics (fractions) of ``best_epoch``, the epoch ``best.pt`` holds
+    (may be 0); ``objective``: the best validation MAP@R over trained epochs (≥ 1), the value
+    the search sees. ``device``/``code_version``: of the run that computed the result."""
+
     status: str  # complete | failed
     reason: str | None
     best_epoch: int | None
@@ -88,6 +111,20 @@ class FoldResult:
     history: list[EpochRecord] = field(default_factory=list)
     checkpoint: str | None = None
     wall_time_s: float = 0.0
+    objective: float | None = None
+    device: str | None = None
+    code_version: str | None = None
+
+    @property
+    def nonfinite(self) -> bool:
+        """Failed because the loss or the embeddings went NaN/inf (the reference scores 0)."""
+        return self.status == "failed" and (self.reason or "").startswith(NONFINITE)
+
+
+def trained_best(history: Sequence[EpochRecord]) -> float | None:
+    """Best validation MAP@R over trained epochs (≥ 1): the reference aggregator's value."""
+    trained = [h.map_at_r for h in history if h.epoch >= 1]
+    return max(trained) if trained else None
 
 
 class _View(Dataset):
@@ -171,6 +208,18 @@ def build_model(preset: Preset, *, pretrained: bool | str | None = None) -> Mode
         pretrained=preset.pretrained if pretrained is None else pretrained
     )
     return Model(trunk, Embedder(trunk.output_size, preset.embedding_size))
+
+
+UNTRAINED_SEED = 0  # the random draw of an untrained trunk trained from scratch (baseline row)
+
+
+def untrained_trunk(preset: Preset) -> Model:
+    """The preset's trunk before any training, alone (no embedder; outputs its pooled features,
+    not normalised): the reference's "untrained_trunk" (epoch −1). ImageNet weights when the
+    preset has ``pretrained``; else randomly initialised from :data:`UNTRAINED_SEED`."""
+    torch.manual_seed(UNTRAINED_SEED)
+    trunk = TRUNKS.get(preset.trunk)(pretrained=preset.pretrained)
+    return Model(trunk, torch.nn.Identity()).eval()
 
 
 def load_model(preset: Preset, checkpoint: str | Path, device: str = "cpu") -> Model:
@@ -342,6 +391,39 @@ def _load_checkpoint(path: Path) -> dict[str, Any]:
         ) from None
 
 
+def _adopted(state: dict[str, Any]) -> FoldResult:
+    """The finished result recorded in ``last.pt`` (older files lack objective and provenance:
+    the objective is recomputed from the history, the provenance stays unknown)."""
+    history = [EpochRecord(**h) for h in state["history"]]
+    res = FoldResult(**{**state["result"], "history": history})
+    if res.objective is None:
+        res.objective = trained_best(history)
+    return res
+
+
+def _set_aside(workdir: Path, recorded: dict[str, Any], wanted: dict[str, Any]) -> None:
+    """A fold folder whose checkpoint was computed under another configuration is moved to
+    ``<folder>.other-K`` (never adopted, never deleted) and the fold is trained again."""
+    diff = next(
+        (k for k in sorted(set(recorded) | set(wanted)) if recorded.get(k) != wanted.get(k)), "?"
+    )
+    aside = next(
+        workdir.with_name(f"{workdir.name}.other-{k}")
+        for k in range(1, 10_000)
+        if not workdir.with_name(f"{workdir.name}.other-{k}").exists()
+    )
+    os.replace(workdir, aside)
+    log.warning(
+        "%s was computed under another configuration (%s: %r there, %r now): moved to %s, "
+        "training this fold again",
+        workdir,
+        diff,
+        recorded.get(diff),
+        wanted.get(diff),
+        aside.name,
+    )
+
+
 def train_fold(
     spec: FoldSpec, on_validation: Callable[[EpochRecord], None] | None = None
 ) -> FoldResult:
@@ -350,10 +432,12 @@ def train_fold(
     spec.workdir.mkdir(parents=True, exist_ok=True)
     last, best_path = spec.workdir / "last.pt", spec.workdir / "best.pt"
     state = _resume_state(last, best_path)
+    if state is not None and state.get("identity", {}) != _plain(spec.identity):
+        _set_aside(spec.workdir, state.get("identity", {}), _plain(spec.identity))
+        spec.workdir.mkdir(parents=True, exist_ok=True)
+        state = None
     if state is not None and state.get("result") is not None:
-        return FoldResult(
-            **{**state["result"], "history": [EpochRecord(**h) for h in state["history"]]}
-        )
+        return _adopted(state)
 
     torch.manual_seed(spec.seed)
     model = build_model(p).to(spec.device).fast_paths(p.amp, p.channels_last)
@@ -441,7 +525,7 @@ def train_fold(
     def validate(epoch: int, train_loss: float | None) -> EpochRecord | str:
         emb, lab = embed(model, val_loader, p.eval_batch_size, spec.device)
         if not np.isfinite(emb).all():
-            return f"non-finite embeddings at validation, epoch {epoch}"
+            return f"{NONFINITE} embeddings at validation, epoch {epoch}"
         m = retrieval_metrics(emb, lab, device=spec.device)
         rec = EpochRecord(epoch, train_loss, m["map_at_r"], m["precision_at_1"], m["r_precision"])
         history.append(rec)
@@ -458,7 +542,19 @@ def train_fold(
             history,
             str(best_path) if best is not None else None,
             time.monotonic() - t0,
+            objective=trained_best(history),
+            device=spec.device,
+            code_version=spec.code_version,
         )
+
+    def consider_best(rec: EpochRecord) -> None:
+        """A new best epoch (strictly higher val MAP@R; ties keep the earlier epoch, as PML's
+        hooks): its model goes to ``best.pending-e<epoch>.pt`` until ``last.pt`` records it."""
+        nonlocal best_epoch, best
+        if best is None or rec.map_at_r > best["map_at_r"]:
+            best_epoch = rec.epoch
+            best = {k: getattr(rec, k) for k in ("map_at_r", "precision_at_1", "r_precision")}
+            _atomic_save(model.state_dict(), _pending_best(best_path, rec.epoch))
 
     def checkpoint(epoch: int, res: FoldResult | None = None) -> None:
         _atomic_save(
@@ -476,6 +572,7 @@ def train_fold(
                 "best": _plain(best),
                 "history": _plain([asdict(h) for h in history]),
                 "wall_time_s": time.monotonic() - t0,
+                "identity": _plain(spec.identity),
                 "result": _plain({k: v for k, v in asdict(res).items() if k != "history"})
                 if res
                 else None,
@@ -488,11 +585,13 @@ def train_fold(
         checkpoint(epoch, res)
         return res
 
-    if state is None:  # epoch 0: the untrained model, recorded but never "best" (as PML's hooks)
+    if state is None:  # epoch 0: the untrained model, a candidate for best (as PML's hooks)
         rec = validate(0, None)
         if isinstance(rec, str):
             return finish("failed", rec, 0)
+        consider_best(rec)
         checkpoint(0)
+        _commit_best(best_path, best_epoch)
 
     total = p.max_epochs * p.iterations_per_epoch
     bar = tqdm(
@@ -543,7 +642,7 @@ def train_fold(
                 if captured:
                     sampler.update(idx, captured[0].float().cpu())
                 if not torch.isfinite(loss):
-                    return finish("failed", f"non-finite loss at iteration {it}", epoch - 1)
+                    return finish("failed", f"{NONFINITE} loss at iteration {it}", epoch - 1)
                 opt.zero_grad(set_to_none=True)
                 if loss_opt is not None:
                     loss_opt.zero_grad(set_to_none=True)
@@ -570,12 +669,7 @@ def train_fold(
                 rec = validate(epoch, train_loss)
                 if isinstance(rec, str):
                     return finish("failed", rec, epoch)
-                if best is None or rec.map_at_r > best["map_at_r"]:
-                    best_epoch = epoch
-                    best = {
-                        k: getattr(rec, k) for k in ("map_at_r", "precision_at_1", "r_precision")
-                    }
-                    _atomic_save(model.state_dict(), _pending_best(best_path, epoch))
+                consider_best(rec)
                 if epoch - best_epoch > patience:
                     return finish("complete", None, epoch)
             checkpoint(epoch)

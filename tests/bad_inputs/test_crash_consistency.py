@@ -48,7 +48,10 @@ SEED = 20260522
 NAME = "crash"
 TRIALS = 2
 REPS = 2
-OVERRIDES = {**TINY, "max_epochs": 2}
+# lr 3e-5: the first iterations of a higher lr always make the tiny model worse than its epoch 0
+# (which may be the best epoch, as in the reference), and then no trained epoch is ever a new
+# best — the planted kill between a new best model and its last.pt needs one
+OVERRIDES = {**TINY, "max_epochs": 2, "optimizer": {"lr": 3e-5}}
 
 
 def write_study(tmp: Path) -> Path:
@@ -143,7 +146,8 @@ def check_after_kill(db: Path) -> None:
 
 
 def fold_dir(db: Path, kind: str, h: str, rep: int, fold: int) -> Path:
-    root = db.parent / "art" / NAME / kind / h
+    [protocol] = (db.parent / "art" / NAME).glob("p-*")  # one protocol per store here
+    root = protocol / kind / h
     return (root / f"rep{rep}" if kind == "test" else root) / f"fold{fold}"
 
 
@@ -168,7 +172,8 @@ def between_parameter_draws() -> None:
 
 
 def between_best_and_last() -> None:
-    """Killed right after a new best model of epoch ≥ 2 is written, before ``last.pt``."""
+    """Killed right after a new best model of a trained epoch (≥ 1: it replaces an earlier best,
+    epoch 0 at least) is written, before ``last.pt``."""
     from mlrc.train import fold
 
     original = fold._atomic_save
@@ -176,7 +181,7 @@ def between_best_and_last() -> None:
     def save(obj, path: Path) -> None:  # noqa: ANN001
         original(obj, path)
         m = re.fullmatch(r"best\.pending-e(\d+)\.pt", path.name)
-        if m and int(m.group(1)) >= 2:
+        if m and int(m.group(1)) >= 1:
             _die()
 
     fold._atomic_save = save
@@ -217,9 +222,14 @@ def check_planted(hook: str, db: Path) -> str:
         [pending] = list((db.parent / "art").rglob("best.pending-e*.pt"))
         state = torch.load(pending.parent / "last.pt", map_location="cpu", weights_only=True)
         best = torch.load(pending.parent / "best.pt", map_location="cpu", weights_only=True)
-        assert state["best_epoch"] == state["epoch"] == 1  # the new best (epoch 2) not recorded
-        assert all(torch.equal(best[k], state["model"][k]) for k in best)  # best.pt = epoch 1
-        return f"{pending.name} written, last.pt at epoch 1, best.pt still the epoch-1 model"
+        new = int(re.fullmatch(r"best\.pending-e(\d+)\.pt", pending.name).group(1))
+        assert state["epoch"] == new - 1 and state["best_epoch"] < new  # the new best unrecorded
+        if state["best_epoch"] == state["epoch"]:  # best.pt = the model last.pt holds
+            assert all(torch.equal(best[k], state["model"][k]) for k in best)
+        return (
+            f"{pending.name} written, last.pt at epoch {state['epoch']}, best.pt still the "
+            f"epoch-{state['best_epoch']} model"
+        )
     if hook == "between_retry_and_fail":
         running = [t for t in trials if t.state.name == "RUNNING"]
         assert len(running) == 1

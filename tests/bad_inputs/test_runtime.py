@@ -269,13 +269,18 @@ def unstable_study(tmp_path_factory):
     return child, db, url
 
 
-def _failed_trial_and_fold(unstable_study, number: int, reason: str) -> None:
+def _zero_scored_trial_and_failed_fold(unstable_study, number: int, reason: str) -> None:
+    """As the reference harness: a non-finite loss or embedding gives the trial the value 0
+    (Optuna COMPLETE: the sampler sees it), its reason kept; the fold itself failed."""
     child, db, url = unstable_study
     assert child.code == 0, child.output()
     state, stored, *_ = trials(db)[number]
-    assert (state, stored) == ("failed", f"fold 0: {reason}")
+    assert (state, stored) == ("complete", f"{reason}, fold 0")
+    [(value, sem)] = sql(db, "select value, sem from mlrc_trial where number = ?", number)
+    assert (value, sem) == (0.0, 0.0)
     [o] = [t for t in optuna_trials(url, "unstable") if t.number == number]
-    assert o.state == optuna.trial.TrialState.FAIL and o.user_attrs["reason"] == f"fold 0: {reason}"
+    assert o.state == optuna.trial.TrialState.COMPLETE and o.value == 0.0
+    assert o.user_attrs["reason"] == f"{reason}, fold 0"
     folds = sql(
         db,
         "select f.fold, f.status, f.reason from mlrc_fold_run f join mlrc_trial t on "
@@ -283,23 +288,25 @@ def _failed_trial_and_fold(unstable_study, number: int, reason: str) -> None:
         number,
     )
     assert folds == [(0, "failed", reason)]  # the trial stops at its first failed fold
-    assert f"trial {number} failed: fold 0: {reason}" in child.output()
+    assert f"trial {number} complete  0.0000  (scored 0: {reason}, fold 0)" in child.output()
 
 
-def test_non_finite_loss_fails_the_fold_and_the_trial_with_the_iteration(unstable_study):
-    _failed_trial_and_fold(unstable_study, 0, "non-finite loss at iteration 3")
+def test_non_finite_loss_scores_the_trial_0_with_the_iteration(unstable_study):
+    _zero_scored_trial_and_failed_fold(unstable_study, 0, "non-finite loss at iteration 3")
 
 
-def test_nan_weights_fail_at_validation_with_the_epoch(unstable_study):
-    _failed_trial_and_fold(unstable_study, 1, "non-finite embeddings at validation, epoch 1")
+def test_nan_weights_score_0_at_validation_with_the_epoch(unstable_study):
+    _zero_scored_trial_and_failed_fold(
+        unstable_study, 1, "non-finite embeddings at validation, epoch 1"
+    )
 
 
-def test_the_search_goes_on_after_failed_trials(unstable_study):
+def test_the_search_goes_on_after_zero_scored_trials(unstable_study):
     child, db, url = unstable_study
-    assert [t[0] for _, t in sorted(trials(db).items())] == ["failed", "failed", "complete"]
+    assert [t[0] for _, t in sorted(trials(db).items())] == ["complete"] * 3
     states = [t.state.name for t in optuna_trials(url, "unstable")]
-    assert states == ["FAIL", "FAIL", "COMPLETE"]  # failed with a reason: counted, not retried
-    assert "1 complete, 0 running, 2 failed, 0 interrupted" in child.output()
+    assert states == ["COMPLETE"] * 3  # scored, counted, not retried
+    assert "3 complete, 0 running, 0 failed, 0 interrupted" in child.output()
 
 
 # --- a disk that fills while a checkpoint is written --------------------------------------------
@@ -317,7 +324,8 @@ def test_full_disk_while_checkpointing_keeps_the_last_checkpoint_and_resumes(tmp
     child = Child([args], tmp_path / "full", fsize=1_000_000)
     assert child.wait() == 2, child.output()
     [(h,)] = sql(db, "select params_hash from mlrc_fold_run where fold = 0")
-    last = art / "full" / "search" / h / "fold0" / "last.pt"
+    [protocol] = (art / "full").glob("p-*")
+    last = protocol / "search" / h / "fold0" / "last.pt"
     assert child.stderr_lines() == [
         f"error: disk full / file too large writing {last} (File too large)"
     ]
