@@ -4,26 +4,157 @@ from __future__ import annotations
 
 import hashlib
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
+from typer.core import TyperGroup
 
 from mlrc import data
 from mlrc.data.base import DatasetError
 from mlrc.protocol import SplitError, confidence_interval, mlrc_split, retrieval_metrics
 from mlrc.registry import RegistryError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+# --- the boundary: any unexpected exception becomes one line ----------------------------------
+
+_run = {"debug": False}  # this invocation's global options (set by the app's callback)
+
+
+class _Boundary(TyperGroup):
+    """The ``mlrc`` command group, and the one place where an exception that no command turned
+    into a one-line message ends: ``error: mlrc COMMAND: Type: first line (full traceback in
+    FILE; --debug prints it)``, exit code 1. The traceback goes to a file under
+    ``$MLRC_CACHE/logs`` (default ``~/.cache/mlrc/logs``, else the system's temporary folder);
+    ``mlrc --debug`` or ``MLRC_DEBUG=1`` prints it instead. Exits, usage errors, Ctrl-C and a
+    closed pipe (``mlrc report | head``) pass through to typer as before."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        import errno
+
+        words = [*vars(ctx).get("_protected_args", []), *ctx.args]  # before typer empties them
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException, EOFError):
+            raise  # an exit code, a usage error, Ctrl-C: typer's own handling
+        except Exception as e:  # noqa: BLE001 — this is the boundary
+            if isinstance(e, OSError) and e.errno == errno.EPIPE:
+                raise  # typer ends quietly on a closed pipe
+            _unexpected(e, self._command(ctx, words), bool(ctx.params.get("debug")))
+
+    def _command(self, ctx: typer.Context, words: list[str]) -> str:
+        """``mlrc study run``: the names of the (sub)commands at the start of ``words``."""
+        names, group = ["mlrc"], self  # also under `python -m mlrc.cli`
+        for word in words:
+            sub = group.get_command(ctx, word) if isinstance(group, TyperGroup) else None
+            if sub is None:
+                break
+            names.append(word)
+            group = sub
+        return " ".join(names)
+
+
+def debugging() -> bool:
+    """``mlrc --debug`` or ``MLRC_DEBUG`` set (not empty, 0, false, no or off)."""
+    env = os.environ.get("MLRC_DEBUG", "").strip().lower()
+    return _run["debug"] or env not in ("", "0", "false", "no", "off")
+
+
+def traceback_folder() -> Path:
+    """Where the boundary writes tracebacks: ``$MLRC_CACHE/logs`` (``~/.cache/mlrc/logs``)."""
+    from mlrc.data.download import cache_dir
+
+    return cache_dir() / "logs"
+
+
+def _save_traceback(text: str) -> Path | None:
+    """Write ``text`` to ``mlrc-YYYYmmdd-HHMMSS-PID.log`` in :func:`traceback_folder`, else in
+    the system's temporary folder (readable by this user only); None if neither can be written."""
+    import tempfile
+    import time
+
+    name = f"mlrc-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    folders = []
+    with suppress(Exception):  # no home folder, a bad MLRC_CACHE: the fallback below
+        folders.append(traceback_folder())
+    folders.append(Path(tempfile.gettempdir()))
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / name
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            return path
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _unexpected(e: Exception, command: str, debug: bool = False) -> None:
+    """End ``command`` on an exception nobody expected: one line (or the traceback with
+    ``--debug``), exit code 1."""
+    import datetime as dt
+    import platform
+    import sys
+    import traceback
+
+    lines = _one_line(str(e)).strip().splitlines()
+    what = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    trace = "".join(traceback.format_exception(e))
+    if debug or debugging():
+        sys.stderr.write(trace)
+        err_console.print(f"[red]error:[/red] {escape(f'{command}: {what}')}", highlight=False)
+        raise typer.Exit(1)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mlrc_version = version("mlrc")
+    except PackageNotFoundError:
+        mlrc_version = "unknown"
+    header = (
+        f"{command} failed at {dt.datetime.now().astimezone().isoformat(timespec='seconds')}\n"
+        f"mlrc {mlrc_version}, Python {platform.python_version()}, {platform.platform()}, "
+        f"pid {os.getpid()}\n\n"
+    )
+    path = _save_traceback(header + trace)
+    where = (
+        f"full traceback in {path}; --debug prints it"
+        if path is not None
+        else "the traceback could not be saved; --debug prints it"
+    )
+    err_console.print(
+        f"[red]error:[/red] {escape(f'{command}: {what} ({where})')}", highlight=False
+    )
+    raise typer.Exit(1)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, cls=_Boundary)
+
+
+@app.callback()
+def _options(
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="an unexpected error prints its full traceback (also MLRC_DEBUG=1) instead of "
+            "writing it to a file under $MLRC_CACHE/logs",
+        ),
+    ] = False,
+) -> None:
+    _run["debug"] = debug
+
+
 data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, summarise, check.")
 app.add_typer(data_app, name="data")
 console = Console()
-err_console = Console(stderr=True, soft_wrap=True)  # errors stay on one line
+err_console = Console(stderr=True, soft_wrap=True, emoji=False)  # one line, as written
 
 DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="dataset name (mlrc data list)")]
 RootOpt = Annotated[Path | None, typer.Option("--root", help="dataset root (folder or zip)")]
@@ -34,6 +165,65 @@ def _fail(message: str) -> None:
     """One line on stderr, ``error: …`` (the message is printed as written, never as markup)."""
     err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     raise typer.Exit(2)
+
+
+DEVICE_FORMS = "cpu, cuda, cuda:N or mps"
+
+
+def check_device(device: str) -> None:
+    """Refuse (one line, exit 2) a ``--device`` this machine cannot run on, before any work:
+    a form other than cpu, cuda, cuda:N, mps; CUDA or MPS absent; cuda:N past the GPU count."""
+    import re
+
+    match = re.fullmatch(r"(cpu|mps|cuda)(?::(\d+))?", device)
+    if match is None or (match[2] is not None and match[1] != "cuda"):
+        _fail(f"--device {device}: not a device ({DEVICE_FORMS})")
+    if match[1] == "cpu":
+        return
+    import torch
+
+    if match[1] == "mps":
+        if not torch.backends.mps.is_available():
+            _fail(
+                f"--device {device}: no MPS device is available on this machine "
+                "(torch.backends.mps.is_available() is False); use --device cpu"
+            )
+        return
+    if not torch.cuda.is_available():
+        _fail(
+            f"--device {device}: no CUDA device is available on this machine "
+            "(torch.cuda.is_available() is False); use --device cpu"
+        )
+    count = torch.cuda.device_count()
+    if match[2] is not None and int(match[2]) >= count:
+        have = (
+            "1 CUDA device (cuda:0)"
+            if count == 1
+            else f"{count} CUDA devices (cuda:0 to cuda:{count - 1})"
+        )
+        _fail(f"--device {device}: this machine has {have}")
+
+
+def check_artifacts(path: Path) -> None:
+    """Refuse (one line, exit 2) an ``--artifacts`` folder that cannot be written or created,
+    before any work; nothing is created here."""
+    text = str(path)
+    if "\x00" in text:
+        _fail(f"--artifacts {text!r}: not a usable folder name (it contains a NUL character)")
+    full = os.path.abspath(os.path.expanduser(text))
+    if os.path.lexists(full):
+        if not os.path.isdir(full):
+            _fail(f"--artifacts {text}: not a folder (a file of that name exists)")
+        if not os.access(full, os.W_OK | os.X_OK):
+            _fail(f"--artifacts {text}: this folder is not writable")
+        return
+    ancestor = os.path.dirname(full)
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        _fail(f"--artifacts {text}: cannot create this folder ({ancestor} is a file, not a folder)")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        _fail(f"--artifacts {text}: cannot create this folder ({ancestor} is not writable)")
 
 
 def _load(name: str, root: Path | None) -> data.ImageDataset:
@@ -105,6 +295,7 @@ def data_baselines(
     """Untrained baselines on the test half: raw pixels and random 128-D linear embedders (95% CIs)."""
     from mlrc.models.baselines import pixel_features, random_embedder
 
+    check_device(device)
     ds = _load(dataset, root)
     console.rule(f"[bold]{ds.name}[/bold]: {len(ds)} images, {ds.num_classes} classes")
     try:
@@ -188,6 +379,14 @@ def _interrupts():
     previous = signal.signal(signal.SIGTERM, on_sigterm) if main else None
     try:
         yield
+    except Exception as e:  # raised while a Ctrl-C unwound (torch.save's zip writer does)?
+        if isinstance(e, typer.Exit) or _interrupt_behind(e) is None:
+            raise
+        sig = signal.Signals(got[0] if got else signal.SIGINT)
+        err_console.print(
+            f"interrupted ({sig.name}): run the same command to resume", highlight=False
+        )
+        raise typer.Exit(128 + sig.value) from None
     except KeyboardInterrupt as e:
         sig = signal.Signals(got[0] if got else signal.SIGINT)
         trial = getattr(e, "trial", None)
@@ -199,6 +398,17 @@ def _interrupts():
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt that ``e`` was raised while handling, if any."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _one_line(message: str) -> str:
@@ -260,6 +470,9 @@ def study_run(
         _fail(f"unknown backend {backend!r} (local or ray; for a worker pool use `mlrc worker`)")
     if scheduler not in ("none", "asha", "median"):
         _fail(f"unknown scheduler {scheduler!r} (none, asha or median)")
+    if backend == "local" or address is None:  # a remote Ray cluster's GPUs are not ours to see
+        check_device(device)
+    check_artifacts(artifacts)
     with (
         _interrupts(),
         _user_errors(),
@@ -321,6 +534,8 @@ def worker(
 
     if heartbeat < 1 or (grace is not None and grace <= heartbeat):
         _fail("--heartbeat must be ≥ 1 s and --grace longer than --heartbeat")
+    check_device(device)
+    check_artifacts(artifacts)
     if per_gpu > 1:
         args = [str(study_file), "--artifacts", str(artifacts), "--device", device]
         args += ["--heartbeat", str(heartbeat)] + (["--grace", str(grace)] if grace else [])
@@ -350,7 +565,7 @@ def _packed_workers(n: int, args: list[str], storage: str) -> int:
     import subprocess
     import sys
 
-    env = {**os.environ, "MLRC_STORAGE": storage}
+    env = {**os.environ, "MLRC_STORAGE": storage, **({"MLRC_DEBUG": "1"} if debugging() else {})}
     cmd = [sys.executable, "-m", "mlrc.cli", "worker", *args]
     children = [subprocess.Popen(cmd, env=env) for _ in range(n)]
     console.print(f"started {n} workers on one device: pids {[c.pid for c in children]}")
@@ -377,6 +592,8 @@ def study_test(
     """Retrain the best parameters N times × 4 folds and test on the unseen classes."""
     from mlrc.search.study import run_test
 
+    check_device(device)
+    check_artifacts(artifacts)
     with _interrupts(), _user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
         for problem in run_test(ctx):
             console.print(f"[yellow]failed:[/yellow] {problem}", soft_wrap=True)
@@ -394,7 +611,7 @@ def study_status(
 
     with _user_errors():
         name = load_study(study).study.name if study.endswith((".yaml", ".yml")) else study
-        engine = store.connect(storage)
+        engine = store.connect(storage, read_only=True)
         _print_status_by_name(engine, name)
 
 
@@ -437,22 +654,29 @@ def _print_status_by_name(engine, name: str) -> None:
             t.state,
             f"{t.value:.4f}" if t.value is not None else "",
             f"{t.sem:.4f}" if t.sem is not None else "",
-            ", ".join(
-                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items()
+            Text(
+                ", ".join(
+                    f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in t.params.items()
+                )
             ),
-            t.reason or "",
+            Text(_reason(t)),  # as written: "[enforce fail at …]" is no markup, ":x:" no emoji
         )
     console.print(table)
-    for t in trials:
-        if t.reason:
-            console.print(
-                f"trial {t.number} {t.state}: {t.reason}", soft_wrap=True, highlight=False
-            )
+    for t in trials:  # below the table too: a narrow terminal wraps the reason column
+        if t.reason and t.state == "complete":  # e.g. scored 0 after a non-finite loss
+            value = f"{t.value:.4f}" if t.value is not None else "-"
+            line = f"trial {t.number} complete  {value}  ({_reason(t)})"
+        elif t.reason:
+            line = f"trial {t.number} {t.state}: {t.reason}"
+        else:
+            continue
+        console.print(line, soft_wrap=True, highlight=False, markup=False, emoji=False)
     counts = {
         state: sum(t.state == state for t in trials)
         for state in ("complete", "running", "failed", "interrupted", "pruned")
     }
-    done = [t for t in trials if t.state == "complete"]
+    done = [t for t in trials if t.state == "complete" and t.value is not None]
     best = max(done, key=lambda t: t.value) if done else None
     console.print(
         ", ".join(f"{v} {k}" for k, v in counts.items())
@@ -461,11 +685,17 @@ def _print_status_by_name(engine, name: str) -> None:
         soft_wrap=True,
     )
     if best is not None:
+        sem = f" ± {best.sem:.4f} (SEM over folds)" if best.sem is not None else ""
         console.print(
-            f"best so far: trial {best.number}, val MAP@R {best.value:.4f} "
-            f"± {best.sem:.4f} (SEM over folds)",
-            soft_wrap=True,
+            f"best so far: trial {best.number}, val MAP@R {best.value:.4f}{sem}", soft_wrap=True
         )
+
+
+def _reason(t) -> str:
+    """A trial's reason; a complete trial with one was given its value for it ("scored 0: …")."""
+    if t.reason and t.state == "complete" and t.value is not None:
+        return f"scored {t.value:g}: {t.reason}"
+    return t.reason or ""
 
 
 @app.command()
@@ -497,7 +727,7 @@ def report(
     if standalone and fmt not in ("latex", "html"):
         _fail("--standalone applies to --format latex (html is always a complete page)")
     with _user_errors():
-        _print_report(store.connect(storage), study, fmt, out, campaign, standalone)
+        _print_report(store.connect(storage, read_only=True), study, fmt, out, campaign, standalone)
 
 
 def _print_report(
@@ -544,6 +774,8 @@ def demo(
     from mlrc.search.study import open_study, run_search, run_test
     from mlrc.store import canonical_json, redact
 
+    check_device(device)
+    check_artifacts(artifacts)
     t0 = time.monotonic()
     cfg = {
         "name": "demo",

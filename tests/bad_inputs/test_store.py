@@ -223,16 +223,24 @@ def test_a_file_that_is_not_a_database_is_named_and_left_alone(tmp_path, content
 
 @pytest.mark.parametrize("where", ["missing-folder", "a-folder"])
 def test_a_path_that_cannot_be_opened_is_named(tmp_path, where):
+    """``study run`` writes (it would create a missing file); ``report`` only reads, and names a
+    missing file as such (tests/bad_inputs/test_cli_boundary.py)."""
     path = tmp_path / "missing" / "mlrc.db" if where == "missing-folder" else tmp_path
     url = f"sqlite:///{path}"
-    assert error_line("report", "--storage", url) == f"error: {url}: unable to open database file"
+    assert error_line(*run_args(tmp_path, url)) == f"error: {url}: unable to open database file"
+    expected = (
+        f"error: {url}: no such database file ({path}); check --storage or MLRC_STORAGE"
+        if where == "missing-folder"
+        else f"error: {url}: unable to open database file"
+    )
+    assert error_line("report", "--storage", url) == expected
 
 
 def test_a_path_with_brackets_is_shown_as_written(tmp_path):
     """Needs mlrc/cli.py's ``_user_errors`` to escape Rich markup in the message (it printed
     ``.../[red]x/db`` as ``.../x/db``, a path that does not exist)."""
     url = f"sqlite:///{tmp_path / '[red]x' / 'db'}"
-    assert error_line("report", "--storage", url) == f"error: {url}: unable to open database file"
+    assert error_line(*run_args(tmp_path, url)) == f"error: {url}: unable to open database file"
 
 
 @pytest.mark.parametrize("version", [str(store.SCHEMA_VERSION + 1), "banana"])
