@@ -32,7 +32,16 @@ from typer.testing import CliRunner
 
 from mlrc import store
 from mlrc.report.dashboard import dashboard_app
-from mlrc.store import CampaignStudy, EpochMetric, FoldRun, Study, TestResult, Trial
+from mlrc.store import (
+    Baseline,
+    CampaignStudy,
+    EpochMetric,
+    FoldRun,
+    Study,
+    StudyBaseline,
+    TestResult,
+    Trial,
+)
 
 runner = CliRunner()
 XSS = (
@@ -296,7 +305,7 @@ def test_built_page_renders_every_view_with_the_stores_numbers(browser, store_ur
 
     # test MAP@R: mean and 95% t-interval half-width over the reproductions, per mode
     results = [r for r in q(store_url, TestResult) if r.study_id == sid and r.fold == -1]
-    test = by_kind["test"]["data"]
+    test = [t for t in by_kind["test"]["data"] if t["meta"]["role"] == "test"]
     assert {t["meta"]["mode"] for t in test} == {"separated", "concatenated"}
     for t in test:
         v = 100 * np.array(
@@ -311,11 +320,32 @@ def test_built_page_renders_every_view_with_the_stores_numbers(browser, store_ur
         assert t["y"] == pytest.approx([v.mean()], abs=1e-9)
         assert t["err"] == pytest.approx([(high - low) / 2], abs=1e-9)
     cell = browser.execute_script(
-        "return document.querySelector('#tests table tbody tr').children[5].textContent"
+        "return document.querySelector('#tests table tbody tr:not(.baseline)')"
+        ".children[5].textContent"
     )
     v = 100 * np.array([r.map_at_r for r in results if r.mode == "concatenated"])
     hw = stats.t.ppf(0.975, len(v) - 1) * stats.sem(v)
     assert cell.startswith(f"{v.mean():.2f} ± {hw:.2f}")
+    # the study's untrained baseline, when `mlrc study test` stored one: first row and first
+    # point, a single value
+    links = [b for b in q(store_url, StudyBaseline) if b.study_id == sid]
+    rows = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#tests table tbody tr')).map(r => "
+        "[r.className, r.children[0].textContent, r.children[1].textContent, "
+        "r.children[5].textContent])"
+    )
+    base = [t for t in by_kind["test"]["data"] if t["meta"]["role"] == "baseline"]
+    if links:
+        stored = {b.mode: b for b in q(store_url, Baseline) if b.key == links[0].key}
+        label = stored["concatenated"].label
+        assert rows[0] == ["baseline", label, "1", f"{100 * stored['concatenated'].map_at_r:.2f}"]
+        assert [r[0] for r in rows[1:]] == [""] * (len(rows) - 1)
+        assert {t["meta"]["mode"]: t["y"][0] for t in base} == pytest.approx(
+            {m: 100 * b.map_at_r for m, b in stored.items()}
+        )
+        assert all(t["x"] == [label] for t in base)
+    else:  # a store without baselines: no baseline row or point
+        assert base == [] and all(r[0] == "" for r in rows)
 
     # edge cases: a study without trials, a failed trial whose reason is markup
     assert (
@@ -365,7 +395,7 @@ def test_selection_empty_store_and_errors(browser, store_url, tmp_path):
     assert r.exit_code == 2 and "unknown campaign" in r.output
     missing = tmp_path / "missing.db"
     r = dash("build", "--out", str(out), "--storage", f"sqlite:///{missing}", ok=False)
-    assert r.exit_code == 2 and "no database at" in r.output and not missing.exists()
+    assert r.exit_code == 2 and "no such database file" in r.output and not missing.exists()
 
 
 # --- serve -------------------------------------------------------------------------------------
@@ -497,6 +527,184 @@ def test_optuna_dashboard_reads_the_store(store_url):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# --- protocols, baselines, trials scored 0 ------------------------------------------------------
+
+
+def _config(max_epochs: int) -> dict:
+    """A config shaped like ``ResolvedStudy.fingerprint()``, reduced to what differs here."""
+    return {
+        "study": {"name": "x", "dataset": {"name": "glyphs"}, "loss": {"name": "x"}},
+        "preset": {"trunk": "tiny_cnn", "max_epochs": max_epochs},
+        "trials": 3,
+        "sampler": "gp",
+    }
+
+
+# name: loss, max_epochs, test MAP@R per reproduction (fractions; the other metrics add 0.01)
+GROUPED = {
+    "g1-contrastive": ("contrastive", 1, [0.40, 0.42, 0.44]),
+    "g1-triplet": ("triplet", 1, [0.20, 0.21, 0.22]),
+    "g2-arcface": ("arcface", 2, [0.70, 0.72, 0.74]),  # above everything of protocol 1
+}
+GROUPED_BASELINE = ("kglyphs", "random_init", "Random init (tiny_cnn)", 0.05)
+ZERO_REASON = "fold 2: non-finite loss at iteration 12 <b>x</b>"
+
+
+@pytest.fixture(scope="module")
+def grouped_url(tmp_path_factory) -> str:
+    """Two protocols of glyphs (max_epochs 1 and 2), one random-init baseline shared by all,
+    and g1-contrastive's search: trials 0 and 2 complete, trial 1 scored 0 (non-finite)."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('grouped') / 'db.sqlite'}"
+    key, kind, label, value = GROUPED_BASELINE
+    with store.session(store.connect(url)) as s:
+        for mode in ("separated", "concatenated"):
+            s.add(
+                Baseline(
+                    key=key,
+                    dataset="glyphs",
+                    kind=kind,
+                    label=label,
+                    trunk="tiny_cnn",
+                    mode=mode,
+                    map_at_r=value,
+                    precision_at_1=value + 0.01,
+                    r_precision=value + 0.01,
+                    config={},
+                )
+            )
+        for name, (loss, epochs, values) in GROUPED.items():
+            st = Study(
+                name=name,
+                dataset="glyphs",
+                loss=loss,
+                strategy=None,
+                preset="cpu",
+                config=_config(epochs),
+                code_version="test",
+            )
+            s.add(st)
+            s.flush()
+            s.add(StudyBaseline(study_id=st.id, key=key))
+            for rep, v in enumerate(values, start=1):
+                for mode in ("separated", "concatenated"):
+                    s.add(
+                        TestResult(
+                            study_id=st.id,
+                            reproduction=rep,
+                            mode=mode,
+                            fold=-1,
+                            params={},
+                            map_at_r=v,
+                            precision_at_1=v + 0.01,
+                            r_precision=v + 0.01,
+                        )
+                    )
+            if name == "g1-contrastive":
+                for number, value_, reason in (
+                    (0, 0.3, None),
+                    (1, 0.0, ZERO_REASON),
+                    (2, 0.35, None),
+                ):
+                    s.add(
+                        Trial(
+                            study_id=st.id,
+                            number=number,
+                            params={"margin": 0.1 * number},
+                            params_hash=f"h{number}",
+                            state="complete",
+                            value=value_,
+                            sem=0.0 if reason else 0.01,
+                            reason=reason,
+                        )
+                    )
+    return url
+
+
+def test_protocol_blocks_baseline_rows_and_zero_scored_trials(browser, grouped_url, tmp_path):
+    from mlrc.report.tables import protocol_key
+
+    out = tmp_path / "grouped.html"
+    dash("build", "--out", str(out), "--storage", grouped_url)
+    charts = load(browser, out.as_uri(), 2)  # the test figure, g1-contrastive's history
+    assert severe(browser) == []
+    k1, k2 = protocol_key(_config(1)), protocol_key(_config(2))
+    assert k1 != k2
+    by_kind = {c["kind"]: c for c in charts}
+
+    # test figure: one panel per protocol, the baseline first as a single value
+    test = by_kind["test"]["data"]
+    titles = browser.execute_script(
+        "return Array.from(document.querySelectorAll('figure[data-kind=test] .annotation-text'))"
+        ".map(a => a.textContent)"
+    )
+    assert titles == [f"glyphs · {k1}", f"glyphs · {k2}"]
+    studies = {
+        (t["meta"]["protocol"], t["meta"]["mode"]): t for t in test if t["meta"]["role"] == "test"
+    }
+    assert studies[(k1, "concatenated")]["meta"]["studies"] == ["g1-contrastive", "g1-triplet"]
+    assert studies[(k2, "separated")]["x"] == ["arcface"]
+    for (_, _), t in studies.items():
+        for name, y, err in zip(t["meta"]["studies"], t["y"], t["err"], strict=True):
+            v = 100 * np.array(GROUPED[name][2])
+            low, high = stats.t.interval(0.95, len(v) - 1, loc=v.mean(), scale=stats.sem(v))
+            assert y == pytest.approx(v.mean()) and err == pytest.approx((high - low) / 2)
+    base = [t for t in test if t["meta"]["role"] == "baseline"]
+    assert sorted((t["meta"]["protocol"], t["meta"]["mode"]) for t in base) == sorted(
+        (k, m) for k in (k1, k2) for m in ("separated", "concatenated")
+    )
+    for t in base:
+        assert t["x"] == ["Random init (tiny_cnn)"] and t["err"] is None
+        assert t["y"] == pytest.approx([100 * GROUPED_BASELINE[3]])
+    categories = browser.execute_script(
+        "const gd = document.querySelector('figure[data-kind=test] .plotly-graph-div');"
+        "return [gd.layout.xaxis.categoryarray, gd.layout.xaxis2.categoryarray];"
+    )
+    assert categories == [
+        ["Random init (tiny_cnn)", "contrastive", "triplet"],
+        ["Random init (tiny_cnn)", "arcface"],
+    ]
+
+    # the tables: one per protocol, the baseline row first and unmarked, marks within a table
+    tables = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#tests table')).map(t => ({"
+        "protocol: t.dataset.protocol, rows: Array.from(t.querySelectorAll('tbody tr')).map(r => "
+        "({cls: r.className, label: r.children[0].textContent, n: r.children[1].textContent, "
+        "strong: r.querySelectorAll('strong').length, u: r.querySelectorAll('u').length, "
+        "text: r.textContent}))}))"
+    )
+    assert [t["protocol"] for t in tables] == [k1, k2]
+    for t in tables:
+        first = t["rows"][0]
+        assert first["cls"] == "baseline" and first["label"] == "Random init (tiny_cnn)"
+        assert first["n"] == "1" and first["strong"] == first["u"] == 0 and "±" not in first["text"]
+    g1 = {r["label"]: r for r in tables[0]["rows"][1:]}
+    assert g1["contrastive"]["strong"] == 6 and g1["contrastive"]["u"] == 1  # kept its bold
+    assert g1["triplet"]["strong"] == 0
+    assert tables[1]["rows"][1]["label"] == "arcface" and tables[1]["rows"][1]["strong"] == 0
+    legend = browser.find_element("css selector", "#tests div.legend").text
+    assert f"differing in preset.max_epochs 1 vs 2 — {k1}: preset.max_epochs 1; {k2}" in legend
+    assert "contrastive (glyphs, protocol " + k1 + "): 1 of 3 complete trials scored 0" in legend
+    assert "Random init: the randomly initialised trunk" in legend
+
+    # the zero-scored trial: its own trace with the reason, a flagged row in the trial table
+    history = {t["meta"]["role"]: t for t in by_kind["history"]["data"] if t["meta"]}
+    assert history["trials"]["x"] == [0, 2] and history["nonfinite"]["x"] == [1]
+    assert history["nonfinite"]["y"] == [0.0]
+    assert history["best"]["y"] == pytest.approx([0.3, 0.3, 0.35])
+    section = browser.find_element("css selector", 'section[data-study="g1-contrastive"]')
+    assert "3 complete, of them 1 scored 0 for a non-finite loss" in section.text
+    row = section.find_element("css selector", 'table.trials tr[data-trial="1"]')
+    assert "nonfinite" in row.get_attribute("class").split()
+    assert "scored 0: non-finite" in row.find_element("css selector", "td:nth-child(2)").text
+    assert row.find_element("css selector", "td.reason").get_attribute("textContent") == ZERO_REASON
+    others = section.find_elements("css selector", "table.trials tr.nonfinite")
+    assert len(others) == 1
+    assert "black crosses" in section.text
+    std, colours = png_std(full_page_png(browser))
+    assert std > 20 and colours > 50
+    assert severe(browser) == []
 
 
 def test_one_complete_trial_degrades_to_notes(tmp_path):

@@ -210,6 +210,8 @@ def test_csv_is_tidy_with_strategy_p_value_and_not_worse(url):
     assert list(table.columns) == [
         "study",
         "dataset",
+        "protocol",
+        "protocol_fields",
         "loss",
         "strategy",
         "pruner",
@@ -224,6 +226,8 @@ def test_csv_is_tidy_with_strategy_p_value_and_not_worse(url):
         "best_row",
         "p_value",
         "not_worse",
+        "complete_trials",
+        "nonfinite_trials",
     ]
     assert len(table) == len(STUDIES) * 6  # every study in the store, one line per cell
     assert not table.duplicated(["study", "mode", "metric"]).any()

@@ -5,17 +5,23 @@ Everything shown is read from the store only — mlrc's tables (``mlrc_trial``, 
 same database (hyperparameter importance, slice and parallel-coordinate plots). Per study:
 
 - optimisation history: each complete trial's mean validation MAP@R over its folds ± SEM, the
-  best-so-far line, failed, pruned and running trials as dotted vertical lines;
+  best-so-far line, failed, pruned and running trials as dotted vertical lines; trials scored 0
+  because their loss or embeddings went non-finite (complete, value 0, as in the reference
+  harness) as black crosses with their reason;
 - hyperparameter importance (Optuna's fANOVA, seeded; needs ≥ 2 complete trials);
 - slice and parallel-coordinate plots (Optuna);
 - per-fold validation MAP@R curves of the search folds, each fold's best (early-stopping) epoch
   marked with a star;
-- the trial table: state, value ± SEM, parameters, folds done, best epochs, failure reasons.
+- the trial table: state, value ± SEM, parameters, folds done, best epochs, failure reasons
+  (a trial scored 0 for a non-finite loss is flagged, with its reason).
 
 Per campaign (``--campaign``), or else for every selected study with test results: test MAP@R
 (%) with 95% t-interval error bars per loss and dataset, separated (128-D) vs concatenated
 (512-D), from :func:`mlrc.report.tables.collect`/:func:`~mlrc.report.tables.summarize`, and the
-table of all three metrics.
+table of all three metrics. As in the report, a dataset whose studies ran under several protocols
+(:func:`mlrc.report.tables.protocol_of`) gets one panel and one table per protocol, and each
+starts with the untrained baseline ("Pretrained" or "Random init", a single value, crosses in the
+figure) of its studies.
 
 Every string read from the store is HTML-escaped, in the page and in the figures' labels.
 ``mlrc dashboard build`` inlines plotly.js once (the file works offline); ``mlrc dashboard
@@ -76,6 +82,13 @@ class TrialRow:
     params_hash: str
     reason: str | None
 
+    @property
+    def nonfinite(self) -> bool:
+        """Complete but scored 0: its loss or embeddings went non-finite (``reason`` says so)."""
+        from mlrc.report.tables import is_nonfinite
+
+        return is_nonfinite(self.state, self.reason)
+
 
 @dataclass
 class FoldCurve:
@@ -125,19 +138,9 @@ class Snapshot:
 def open_store(url: str):
     """The store's engine. Unlike the other commands the dashboard never creates a database:
     a SQLite URL naming a missing file is an error (a typo would show an empty store)."""
-    from sqlalchemy.engine import make_url
-
     from mlrc import store
 
-    try:
-        parsed = make_url(url)
-    except Exception:
-        raise store.StoreError(f"{store.redact(url)}: cannot use this database URL") from None
-    db = parsed.database or ""
-    local = parsed.drivername.startswith("sqlite") and db not in ("", ":memory:")
-    if local and not db.startswith("file:") and not Path(db).exists():
-        raise store.StoreError(f"{store.redact(url)}: no database at {db}")
-    return store.connect(url)
+    return store.connect(url, read_only=True)
 
 
 def read(engine, studies: list[str] | None = None, campaigns: list[str] | None = None) -> Snapshot:
@@ -224,7 +227,7 @@ def read(engine, studies: list[str] | None = None, campaigns: list[str] | None =
             for st in rows
         ]
     summary = summarize(collect(engine, studies, campaigns))
-    summary = summary[summary["study"].isin([st.name for st in data])]
+    summary = summary[summary["study"].isin([st.name for st in data]) | summary["baseline"]]
     return Snapshot(
         store.redact(str(engine.url)),
         scope,
@@ -288,12 +291,14 @@ def history_figure(study: StudyData):
     for t in done:
         running = max(running, t.value)
         best.append(running)
+    scored = [t for t in done if not t.nonfinite]
+    zeros = [t for t in done if t.nonfinite]
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
-            x=[t.number for t in done],
-            y=[t.value for t in done],
-            error_y={"type": "data", "array": [t.sem or 0.0 for t in done], "visible": True},
+            x=[t.number for t in scored],
+            y=[t.value for t in scored],
+            error_y={"type": "data", "array": [t.sem or 0.0 for t in scored], "visible": True},
             mode="markers",
             name="trial (mean ± SEM over folds)",
             marker={"size": 9, "color": "#4C78A8"},
@@ -312,6 +317,19 @@ def history_figure(study: StudyData):
             hovertemplate="best after trial %{x}: %{y:.4f}<extra></extra>",
         )
     )
+    if zeros:
+        fig.add_trace(
+            go.Scatter(
+                x=[t.number for t in zeros],
+                y=[t.value for t in zeros],
+                mode="markers",
+                name="scored 0: non-finite loss or embeddings",
+                marker={"size": 11, "color": "#1F2933", "symbol": "x"},
+                customdata=[[_label(t.reason or "")] for t in zeros],
+                meta={"role": "nonfinite"},
+                hovertemplate="trial %{x}: scored %{y:.4f}<br>%{customdata[0]}<extra></extra>",
+            )
+        )
     last = max(t.number for t in study.trials)
     if last > done[-1].number:  # the best so far holds up to the latest trial
         fig.data[1].x = (*fig.data[1].x, last)
@@ -408,36 +426,44 @@ def fold_curves_figure(study: StudyData):
 
 
 def test_figure(summary):
-    """Test MAP@R (%) ± 95% CI half-width per study and dataset, separated vs concatenated
-    (dot and whisker: the interval is the point, not the bar's area)."""
+    """Test MAP@R (%) ± 95% CI half-width per study, one panel per dataset (per dataset and
+    protocol when a dataset has several, as the report's blocks), separated vs concatenated (dot
+    and whisker: the interval is the point, not the bar's area). A block's untrained baseline
+    comes first, as a cross without an interval."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from mlrc.report.tables import row_label
+    from mlrc.report.tables import _with_defaults, row_label
 
-    data = summary[summary["metric"] == "map_at_r"]
+    data = _with_defaults(summary[summary["metric"] == "map_at_r"])
     if data.empty:
         return None
-    datasets = list(dict.fromkeys(data["dataset"]))  # the tables' block order
+    blocks = list(dict.fromkeys(zip(data["dataset"], data["protocol"], strict=True)))
+    split = {d for d, _ in blocks if sum(d == e for e, _ in blocks) > 1}
     fig = make_subplots(
         rows=1,
-        cols=len(datasets),
-        subplot_titles=[_label(d) for d in datasets],
+        cols=len(blocks),
+        subplot_titles=[_label(f"{d} · {p}" if d in split else d) for d, p in blocks],
         horizontal_spacing=0.06,
     )
-    for col, dataset in enumerate(datasets, start=1):
-        d = data[data["dataset"] == dataset]
+    for col, (dataset, protocol) in enumerate(blocks, start=1):
+        block = data[(data["dataset"] == dataset) & (data["protocol"] == protocol)]
+        base = block[block["baseline"]]
+        d = block[~block["baseline"]]
+        baselines = list(dict.fromkeys(base["study"]))
         studies = list(dict.fromkeys(d["study"]))
         labels = [row_label(*d[d["study"] == st][["loss", "strategy"]].iloc[0]) for st in studies]
         labels = [  # as in the report's tables: a label shared by two studies gets their names
             _label(lab if labels.count(lab) == 1 else f"{lab} ({st})")
             for lab, st in zip(labels, studies, strict=True)
         ]
+        order = [_label(b) for b in baselines] + labels
         for mode in ("separated", "concatenated"):
             rows = {r["study"]: r for _, r in d[d["mode"] == mode].iterrows()}
             mean = [_num(rows[s]["mean"]) if s in rows else None for s in studies]
             hw = [_num(rows[s]["half_width"]) if s in rows else None for s in studies]
             n = [int(rows[s]["n"]) if s in rows else 0 for s in studies]
+            meta = {"dataset": dataset, "protocol": protocol, "mode": mode}
             fig.add_trace(
                 go.Scatter(
                     x=labels,
@@ -446,10 +472,11 @@ def test_figure(summary):
                     error_y={"type": "data", "array": hw, "visible": True, "thickness": 2},
                     name=MODE_LABELS[mode],
                     legendgroup=mode,
+                    offsetgroup=mode,
                     showlegend=col == 1,
                     marker={"color": MODE_COLORS[mode], "size": 11, "symbol": "diamond"},
                     customdata=[[k] for k in n],
-                    meta={"role": "test", "dataset": dataset, "mode": mode, "studies": studies},
+                    meta={"role": "test", **meta, "studies": studies},
                     hovertemplate="%{x}, "
                     + mode
                     + "<br>MAP@R %{y:.2f} ± %{error_y.array:.2f} % (n = %{customdata[0]})"
@@ -458,6 +485,26 @@ def test_figure(summary):
                 row=1,
                 col=col,
             )
+            if baselines:
+                rows = {r["study"]: r for _, r in base[base["mode"] == mode].iterrows()}
+                fig.add_trace(
+                    go.Scatter(
+                        x=[_label(b) for b in baselines],
+                        y=[_num(rows[b]["mean"]) if b in rows else None for b in baselines],
+                        mode="markers",
+                        name=f"untrained, {MODE_LABELS[mode]}",
+                        legendgroup=mode,
+                        offsetgroup=mode,
+                        showlegend=False,
+                        marker={"color": MODE_COLORS[mode], "size": 11, "symbol": "x"},
+                        meta={"role": "baseline", **meta, "baselines": baselines},
+                        hovertemplate="%{x}, " + mode + "<br>MAP@R %{y:.2f} % (a single value, "
+                        "untrained)<extra></extra>",
+                    ),
+                    row=1,
+                    col=col,
+                )
+        fig.update_xaxes(categoryorder="array", categoryarray=order, row=1, col=col)
     fig.update_yaxes(title_text="test MAP@R (%)", row=1, col=1)
     return _layout(
         fig, height=420, scattermode="group", scattergap=0.6, legend={"orientation": "h", "y": 1.12}
@@ -616,6 +663,9 @@ th{background:#f0f4f8}td.num{text-align:right;font-variant-numeric:tabular-nums}
 td.reason{white-space:pre-wrap;color:#b42318;max-width:520px}
 tr.state-failed td,tr.state-interrupted td{background:#fff5f5}
 tr.state-running td{background:#f0f9ff}
+tr.nonfinite td{background:#fff4e5}.flag{font-size:11px;color:#b42318;border:1px solid #f0b4ae;
+border-radius:3px;padding:0 3px;margin-left:4px;white-space:nowrap}
+.report tr.baseline td{color:#52606d;font-style:italic}
 """
 
 REFRESH_JS = """
@@ -667,9 +717,11 @@ def _trial_table(study: StudyData) -> str:
         done = [c for c in folds if c.status == "complete"]
         params = ", ".join(f"{k}={_fmt_param(v)}" for k, v in t.params.items())
         value = "" if t.value is None else repr(float(t.value))
+        flag = ' <span class="flag">scored 0: non-finite</span>' if t.nonfinite else ""
         rows.append(
-            f'<tr class="state-{esc(t.state)}" data-trial="{t.number}">'
-            f'<td class="num">{t.number}</td><td>{esc(t.state)}</td>'
+            f'<tr class="state-{esc(t.state)}{" nonfinite" if t.nonfinite else ""}" '
+            f'data-trial="{t.number}">'
+            f'<td class="num">{t.number}</td><td>{esc(t.state)}{flag}</td>'
             f'<td class="num" data-value="{value}">{_fmt(t.value)}</td>'
             f'<td class="num">{_fmt(t.sem)}</td><td>{esc(params)}</td>'
             f'<td class="num">{f"{len(done)}/{len(folds)}" if folds else "0"}</td>'
@@ -692,6 +744,7 @@ def _test_table(summary) -> str:
 def _study_section(study: StudyData, index: int, optuna_figs: OptunaFigures) -> str:
     sid = f"study-{index}"
     counts = {s: sum(t.state == s for t in study.trials) for s in TRIAL_STATES}
+    zeros = sum(t.nonfinite for t in study.trials)
     done = [t for t in study.trials if t.state == "complete" and t.value is not None]
     best = max(done, key=lambda t: t.value) if done else None
     facts = [
@@ -703,6 +756,7 @@ def _study_section(study: StudyData, index: int, optuna_figs: OptunaFigures) -> 
         + (f" of {study.budget}" if study.budget else "")
         + " ("
         + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+        + (f", of them {zeros} scored 0 for a non-finite loss" if zeros else "")
         + ")"
         if study.trials
         else "no trials",
@@ -739,7 +793,13 @@ def _study_section(study: StudyData, index: int, optuna_figs: OptunaFigures) -> 
             "history",
             study.name,
             "Each complete trial: mean validation MAP@R over its folds ± SEM; red: best so far; "
-            "dotted lines: failed, pruned or running trials.",
+            "dotted lines: failed, pruned or running trials"
+            + (
+                "; black crosses: trials scored 0 because their loss or embeddings went non-finite "
+                "(as in the reference harness; hover for the reason)."
+                if zeros
+                else "."
+            ),
         )
         if fig is not None
         else _note("history", "No complete trial yet.")
@@ -911,9 +971,6 @@ def make_server(url: str, host: str = "127.0.0.1", port: int = 8050, refresh: in
 
     from mlrc.report.tables import ReportError
 
-    dash = Dashboard(url)
-    dash.page(plotly_js=PLOTLY_JS_PATH)  # fail now on an unusable store; warms the imports
-    plotly_bytes = get_plotlyjs().encode()
     render_lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -955,7 +1012,53 @@ def make_server(url: str, host: str = "127.0.0.1", port: int = 8050, refresh: in
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             log.debug("%s %s", self.address_string(), format % args)
 
-    return ThreadingHTTPServer((host, port), Handler)
+    server = listen(host, port, Handler)  # first: a busy port fails before the store is read
+    try:
+        dash = Dashboard(url)
+        dash.page(plotly_js=PLOTLY_JS_PATH)  # fail now on an unusable store; warms the imports
+        plotly_bytes = get_plotlyjs().encode()
+    except BaseException:
+        server.server_close()
+        raise
+    return server
+
+
+class ServeError(RuntimeError):
+    """The server cannot listen where it was asked to (port in use, privileged, bad host)."""
+
+
+def listen(host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """A threading HTTP server bound to ``host:port`` (IPv4 or IPv6); a :class:`ServeError`
+    with a one-line reason if it cannot be."""
+    import errno
+    import socket
+
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if not 0 <= port <= 65535:
+        raise ServeError(f"--port {port}: not a port number (0 to 65535)")
+    server_class = ThreadingHTTPServer
+    if ":" in host:
+        server_class = type("ThreadingHTTPServer6", (ThreadingHTTPServer,), {})
+        server_class.address_family = socket.AF_INET6
+    try:
+        return server_class((host, port), handler)
+    except socket.gaierror as e:
+        raise ServeError(f"--host {host}: cannot resolve this address ({e.strerror})") from None
+    except OSError as e:
+        reason = e.strerror or str(e)
+        if e.errno == errno.EADDRINUSE:
+            message = f"{where} is already in use; choose another --port"
+        elif e.errno == errno.EACCES:
+            below = " (ports below 1024 need administrator rights)" if port < 1024 else ""
+            message = f"{where}: permission denied{below}; choose another --port"
+        elif e.errno == errno.EADDRNOTAVAIL:
+            message = (
+                f"--host {host}: not an address of this machine ({reason}); "
+                "use 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+            )
+        else:
+            message = f"{where}: cannot listen ({reason})"
+        raise ServeError(message) from None
 
 
 def _error_page(title: str, message: str) -> bytes:
@@ -987,8 +1090,8 @@ def _user_errors() -> Iterator[None]:
 
     try:
         yield
-    except (StoreError, ReportError) as e:
-        Console(stderr=True, soft_wrap=True).print(
+    except (StoreError, ReportError, ServeError) as e:
+        Console(stderr=True, soft_wrap=True, emoji=False).print(
             f"[red]error:[/red] {escape(str(e))}", highlight=False
         )
         raise typer.Exit(2) from None
