@@ -714,7 +714,8 @@ def report(
 ) -> None:
     """Test results with 95% CIs: separated (128-D) and concatenated (512-D), in percent.
 
-    Per dataset a block. Bold: best mean in its column. Underlined: highest concat. MAP@R.
+    Per dataset a block (one per protocol when its studies' protocols differ), its untrained
+    baseline row first. Bold: best mean in its column. Underlined: highest concat. MAP@R.
 
     †: not significantly worse than the column's best (Welch's t-test, p ≥ 0.05).
 

@@ -305,6 +305,7 @@ def test_a_malformed_url_is_one_line_without_the_password(url, expected):
 
 @pytest.mark.parametrize("value", ["soon", "nan", "-1"])
 def test_a_bad_retry_window_is_one_line(tmp_path, monkeypatch, value):
+    store.connect(f"sqlite:///{tmp_path / 'db'}").dispose()  # report reads an existing store
     monkeypatch.setenv("MLRC_DB_RETRY_S", value)
     line = error_line("report", "--storage", f"sqlite:///{tmp_path / 'db'}")
     assert line == f"error: MLRC_DB_RETRY_S={value!r} is not a number of seconds ≥ 0"
