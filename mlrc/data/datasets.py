@@ -26,16 +26,14 @@ from mlrc.data.download import fetch_omniglot
 from mlrc.data.glyphs import glyphs_dataset
 from mlrc.registry import Registry
 
-DATASETS: Registry[ImageDataset] = Registry("dataset")
+DATASETS: Registry[ImageDataset] = Registry("dataset", group="mlrc.datasets")
 
-
-def available() -> list[str]:
-    return DATASETS.available()
+available = DATASETS.available
 
 
 def build(name: str, root: str | Path | None = None, **kwargs: object) -> ImageDataset:
     """Load dataset ``name`` from ``root`` (``glyphs`` needs none; ``omniglot`` downloads one)."""
-    return DATASETS.get(name)(root=root, **kwargs)
+    return DATASETS.build(name, root=root, **kwargs)
 
 
 def _root(root: str | Path | None, name: str) -> Path:

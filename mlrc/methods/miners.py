@@ -8,43 +8,20 @@ distances between L2-normalised embeddings unless stated otherwise. Default sear
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 from pytorch_metric_learning import miners as M
 from torch import nn
 
-from mlrc.methods.params import ParamType, declared_types
 from mlrc.registry import Registry
 
-MINERS: Registry[Callable[..., nn.Module]] = Registry("miner")
+MINERS: Registry[nn.Module] = Registry("miner", group="mlrc.miners")
 PREFIX = "miner."
 
-
-def available() -> list[str]:
-    return MINERS.available()
-
-
-def params(name: str) -> dict[str, Any]:
-    """Accepted parameters of miner ``name`` and their defaults."""
-    sig = inspect.signature(MINERS.get(name))
-    return {k: p.default for k, p in sig.parameters.items() if p.kind == p.KEYWORD_ONLY}
-
-
-def param_types(name: str) -> dict[str, ParamType]:
-    """Declared type (and range) of each parameter of miner ``name`` (mlrc.methods.params)."""
-    return declared_types(MINERS.get(name))
-
-
-def build(name: str, **kwargs: Any) -> nn.Module:
-    unknown = sorted(set(kwargs) - set(params(name)))
-    if unknown:
-        raise TypeError(
-            f"miner {name!r} takes no parameter {', '.join(map(repr, unknown))} "
-            f"(it takes: {', '.join(params(name)) or 'none'})"
-        )
-    return MINERS.get(name)(**kwargs)
+available = MINERS.available
+params = MINERS.params  # accepted parameters of a miner and their defaults
+param_types = MINERS.param_types  # their declared types (mlrc.methods.params)
+build = MINERS.build  # build(name, **params); an unknown parameter is a TypeError naming them
 
 
 @MINERS.register("multi_similarity")

@@ -3,24 +3,25 @@
 Every loss's ``forward(embeddings, labels)`` returns the scalar loss; its own parameters (proxies,
 class weights, mean fields, margin β) are its ``.parameters()`` and get the separate loss
 optimiser (learning rate searched as ``loss_lr``). ``labels`` are 0..num_classes−1 over the
-fold's training classes. A new loss is one module here plus ``studies/spaces/<name>.yaml``.
+fold's training classes. A new loss is one module here plus ``studies/spaces/<name>.yaml``
+(the package's modules are imported automatically); a loss from another distribution
+registers through the entry-point group ``mlrc.losses`` (see :mod:`mlrc.registry`).
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from mlrc.methods.params import ParamType, declared_types
-from mlrc.registry import Registry
+from mlrc.registry import Entry, Registry, import_submodules
 
 
-@dataclass(frozen=True)
-class LossInfo:
+@dataclass(frozen=True, kw_only=True)
+class LossInfo(Entry):
     """What the rest of mlrc needs to know about a loss without building it.
 
     ``batch``: ``"pair"`` (m images per class, e.g. 8 × 4) or ``"class"`` (one image per class,
@@ -30,19 +31,17 @@ class LossInfo:
     loss (MLRC trained the Margin losses' β without weight decay); None → the preset's.
     ``types``: each parameter's declared type and range (:mod:`mlrc.methods.params`), read from
     the factory's annotations; a study's values are checked against them at validation.
+    ``space``: the loss's own search-space file (plug-ins; see :mod:`mlrc.registry`).
     """
 
-    name: str
-    factory: Callable[..., torch.nn.Module]
     batch: Literal["pair", "class"]
-    params: dict[str, Any] = field(default_factory=dict)
     has_parameters: bool = False
-    doc: str = ""
     loss_weight_decay: float | None = None  # overrides the preset's loss_optimizer.weight_decay
-    types: dict[str, ParamType] = field(default_factory=dict)
 
 
-LOSSES: Registry[LossInfo] = Registry("loss")
+LOSSES: Registry[torch.nn.Module] = Registry(
+    "loss", group="mlrc.losses", entry=LossInfo, fixed=("num_classes", "embedding_size")
+)
 
 
 def register(
@@ -51,47 +50,29 @@ def register(
     batch: Literal["pair", "class"],
     has_parameters: bool = False,
     loss_weight_decay: float | None = None,
-):
+    space: str | Path | Any | None = None,
+) -> Callable[[Callable[..., torch.nn.Module]], Callable[..., torch.nn.Module]]:
     """Decorator for ``factory(num_classes, embedding_size, **params)``; defaults and types
     (annotations such as ``float``, ``Count``, ``Literal[...]``, see :mod:`mlrc.methods.params`)
-    are read from it."""
-
-    def decorate(factory: Callable[..., torch.nn.Module]) -> Callable[..., torch.nn.Module]:
-        sig = inspect.signature(factory)
-        params = {
-            k: p.default
-            for k, p in sig.parameters.items()
-            if k not in ("num_classes", "embedding_size") and p.kind == p.KEYWORD_ONLY
-        }
-        doc = (factory.__doc__ or "").strip().splitlines()[0] if factory.__doc__ else ""
-        types = declared_types(factory)
-        info = LossInfo(name, factory, batch, params, has_parameters, doc, loss_weight_decay, types)
-        LOSSES.register(name)(lambda info=info: info)
-        return factory
-
-    return decorate
+    are read from it. ``space``: the loss's search-space file when it is not
+    ``studies/spaces/<name>.yaml`` (a plug-in's; default: ``<name>.yaml`` beside its module)."""
+    return LOSSES.register(
+        name,
+        batch=batch,
+        has_parameters=has_parameters,
+        loss_weight_decay=loss_weight_decay,
+        space=space,
+    )
 
 
-def available() -> list[str]:
-    return LOSSES.available()
-
-
-def info(name: str) -> LossInfo:
-    return LOSSES.get(name)()
+available = LOSSES.available
+info: Callable[[str], LossInfo] = LOSSES.info
 
 
 def build(name: str, *, num_classes: int, embedding_size: int, **params: Any) -> torch.nn.Module:
     """Build loss ``name``; unknown parameters are a ``TypeError`` naming the accepted ones."""
-    spec = info(name)
-    unknown = sorted(set(params) - set(spec.params))
-    if unknown:
-        raise TypeError(
-            f"loss {name!r} takes no parameter {', '.join(map(repr, unknown))} "
-            f"(it takes: {', '.join(spec.params) or 'none'})"
-        )
-    return spec.factory(num_classes=num_classes, embedding_size=embedding_size, **params)
+    return LOSSES.build(name, num_classes=num_classes, embedding_size=embedding_size, **params)
 
 
-# Register the built-in losses (import for side effects).
-from mlrc.methods.losses import mean_field as _mean_field  # noqa: E402,F401
-from mlrc.methods.losses import pml as _pml  # noqa: E402,F401
+# Register the built-in losses: every module of this package registers itself on import.
+import_submodules(__name__)

@@ -10,26 +10,17 @@ not checkpointed, when a fold resumes.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from mlrc.methods.samplers.base import BatchSampler, ClassBalancedBatchSampler
-from mlrc.registry import Registry
+from mlrc.registry import Registry, import_submodules
 
-SAMPLERS: Registry[Callable[..., BatchSampler]] = Registry("sampler")
+SAMPLERS: Registry[BatchSampler] = Registry("sampler", group="mlrc.samplers")
 
-
-def available() -> list[str]:
-    return SAMPLERS.available()
-
-
-def params(name: str) -> dict[str, Any]:
-    """Accepted parameters of sampler ``name`` beyond the common ones, with defaults."""
-    sig = inspect.signature(SAMPLERS.get(name))
-    return {k: p.default for k, p in sig.parameters.items() if p.kind == p.KEYWORD_ONLY}
+available = SAMPLERS.available
+params = SAMPLERS.params  # accepted parameters beyond the common ones, with defaults
 
 
 def build(
@@ -41,10 +32,7 @@ def build(
     seed: int,
     **kwargs: Any,
 ) -> BatchSampler:
-    unknown = sorted(set(kwargs) - set(params(name)))
-    if unknown:
-        raise TypeError(f"sampler {name!r} takes no parameter {', '.join(map(repr, unknown))}")
-    return SAMPLERS.get(name)(labels, batch_size, m, iterations, seed, **kwargs)
+    return SAMPLERS.build(name, labels, batch_size, m, iterations, seed, **kwargs)
 
 
 @SAMPLERS.register("m_per_class")
@@ -53,7 +41,7 @@ def m_per_class(labels, batch_size, m, iterations, seed) -> BatchSampler:
     return ClassBalancedBatchSampler(labels, batch_size, m, iterations, seed)
 
 
-from mlrc.methods.samplers import memory_bank as _memory_bank  # noqa: E402,F401
-from mlrc.methods.samplers import spc_random as _spc_random  # noqa: E402,F401
+# Every module of this package registers its samplers on import.
+import_submodules(__name__)
 
 __all__ = ["SAMPLERS", "BatchSampler", "ClassBalancedBatchSampler", "available", "build", "params"]

@@ -8,14 +8,11 @@ at most one (``strategy: {name, params, search}``); its parameters join the sear
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor, nn
 
-from mlrc.methods.params import ParamType, declared_types
-from mlrc.registry import Registry
+from mlrc.registry import Registry, import_submodules
 
 PREFIX = "strategy."
 
@@ -38,34 +35,17 @@ class Strategy(nn.Module):
         return loss_fn(emb, y, miner(emb, y)) if miner is not None else loss_fn(emb, y)
 
 
-STRATEGIES: Registry[Callable[..., Strategy]] = Registry("strategy")
+STRATEGIES: Registry[Strategy] = Registry("strategy", group="mlrc.strategies")
 
-
-def available() -> list[str]:
-    return STRATEGIES.available()
-
-
-def params(name: str) -> dict[str, Any]:
-    """Accepted parameters of strategy ``name`` and their defaults."""
-    sig = inspect.signature(STRATEGIES.get(name))
-    return {k: p.default for k, p in sig.parameters.items() if p.kind == p.KEYWORD_ONLY}
-
-
-def param_types(name: str) -> dict[str, ParamType]:
-    """Declared type (and range) of each parameter of strategy ``name`` (mlrc.methods.params)."""
-    return declared_types(STRATEGIES.get(name))
+available = STRATEGIES.available
+params = STRATEGIES.params  # accepted parameters of a strategy and their defaults
+param_types = STRATEGIES.param_types  # their declared types (mlrc.methods.params)
 
 
 def build(name: str | None, **kwargs: Any) -> Strategy:
     """Strategy ``name`` (None → the plain protocol step)."""
-    if name is None:
-        return Strategy()
-    unknown = sorted(set(kwargs) - set(params(name)))
-    if unknown:
-        raise TypeError(f"strategy {name!r} takes no parameter {', '.join(map(repr, unknown))}")
-    return STRATEGIES.get(name)(**kwargs)
+    return Strategy() if name is None else STRATEGIES.build(name, **kwargs)
 
 
-from mlrc.methods.strategies import das as _das  # noqa: E402,F401
-from mlrc.methods.strategies import metrix as _metrix  # noqa: E402,F401
-from mlrc.methods.strategies import rho_distance as _rho_distance  # noqa: E402,F401
+# Every module of this package registers its strategy on import.
+import_submodules(__name__)
