@@ -565,8 +565,9 @@ def _run_study(
 ) -> str | None:
     """Search then test stage of one study; the reason it failed, or None. Errors of the
     study itself (its dataset, its lock, its trials) are returned; store errors propagate."""
-    from mlrc.cli import _one_line, _print_status_by_name, console
+    from mlrc.cli import _print_status_by_name, console
     from mlrc.data.base import DatasetError
+    from mlrc.errors import worker_message
     from mlrc.protocol import SplitError
     from mlrc.registry import RegistryError
     from mlrc.search.study import StudyError, open_study, run_search, run_test
@@ -589,12 +590,12 @@ def _run_study(
                 console.print(f"[yellow]failed:[/yellow] {problem}", soft_wrap=True)
             return "; ".join(problems) or None
     except (StudyError, DatasetError, SplitError, RegistryError) as e:
-        return _one_line(str(e))
+        return worker_message(str(e))
     except StoreError:
         raise  # the store itself is unusable: no other study can run either
     except Exception as e:  # noqa: BLE001 — one study's crash must not stop the campaign
         log.exception("study %s crashed", resolved.study.name)
-        return f"{type(e).__name__}: {_one_line(str(e))}"
+        return f"{type(e).__name__}: {worker_message(str(e))}"
 
 
 @campaign_app.command("status")

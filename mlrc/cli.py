@@ -18,6 +18,7 @@ from typer.core import TyperGroup
 
 from mlrc import data
 from mlrc.data.base import DatasetError
+from mlrc.errors import first_line, worker_message
 from mlrc.protocol import SplitError, confidence_interval, mlrc_split, retrieval_metrics
 from mlrc.registry import RegistryError
 
@@ -104,8 +105,8 @@ def _unexpected(e: Exception, command: str, debug: bool = False) -> None:
     import sys
     import traceback
 
-    lines = _one_line(str(e)).strip().splitlines()
-    what = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    line = first_line(worker_message(str(e)), default="")
+    what = f"{type(e).__name__}: {line}" if line else type(e).__name__
     trace = "".join(traceback.format_exception(e))
     if debug or debugging():
         sys.stderr.write(trace)
@@ -356,7 +357,7 @@ def _user_errors():
     try:
         yield
     except (ConfigError, StudyError, StoreError, DatasetError, RegistryError, SplitError) as e:
-        _fail(_one_line(str(e)))
+        _fail(worker_message(str(e)))
 
 
 @contextmanager
@@ -409,15 +410,6 @@ def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return None
-
-
-def _one_line(message: str) -> str:
-    """An error re-raised from a DataLoader worker carries the worker's traceback: keep its
-    last line, which is the original message (e.g. "DatasetError: /path: unreadable ...")."""
-    if "Original Traceback" in message:
-        last = [ln for ln in message.splitlines() if ln.strip()][-1]
-        return last.split(": ", 1)[1] if last.startswith(("DatasetError", "mlrc.")) else last
-    return message
 
 
 def _open(

@@ -500,3 +500,17 @@ def test_study_with_a_training_strategy(tmp_path):
     [trial] = rows(url, Trial)
     assert trial.state == "complete" and "strategy.p_switch" in trial.params
     assert rows(url, store.Study)[0].strategy == "rho_distance"
+
+
+def test_the_sqlite_study_lock_names_its_holder_and_is_released(tmp_path):
+    from mlrc.search.study import StudyError, _sqlite_lock
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    with _sqlite_lock(engine, "s"):
+        assert Path(f"{tmp_path / 'db.sqlite'}.s.lock").read_text() == str(os.getpid())
+        refused = pytest.raises(StudyError, match=rf"already running .* \(pid {os.getpid()}\)")
+        with refused, _sqlite_lock(engine, "s"):
+            pass
+    with _sqlite_lock(engine, "s"):  # released on leaving: taken again
+        pass
+    engine.dispose()

@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from mlrc.errors import first_line
 from mlrc.methods.params import ANY, ParamType, Range
 
 REPO = Path(__file__).resolve().parents[2]
@@ -342,7 +343,7 @@ def load_yaml(path: Path) -> Any:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        problem = getattr(e, "problem", None) or first_line(e)
         raise ConfigError(f"{path}: {where}malformed YAML ({problem})") from None
 
 
@@ -463,10 +464,29 @@ PER_DATASET = "per_dataset"
 WITH_MINER = "with_miner"
 
 
+def _plugin_space_file(kind: str, name: str) -> Any:
+    """The search-space file a plug-in ships beside its module (None: it has none)."""
+    if kind == "loss":
+        from mlrc.methods.losses import LOSSES as registry
+    elif kind == "miner":
+        from mlrc.methods.miners import MINERS as registry
+    elif kind == "strategy":
+        from mlrc.methods.strategies import STRATEGIES as registry
+    else:
+        return None
+    return registry.space(name)
+
+
 def default_space(
-    loss: str, folder: Path = SPACES_DIR, dataset: str | None = None, miner: str | None = None
+    loss: str,
+    folder: Path = SPACES_DIR,
+    dataset: str | None = None,
+    miner: str | None = None,
+    kind: str = "loss",
 ) -> dict[str, ParamSpace]:
-    """The space file ``<folder>/<loss>.yaml`` ({} when there is none).
+    """The space file ``<folder>/<loss>.yaml``; when there is none, the one the plug-in ``loss``
+    (of ``kind``: loss, miner or strategy) ships itself (see :mod:`mlrc.registry`); {} when
+    neither exists.
 
     A loss's space file may also give ranges that differ per dataset (the reality check searched
     some parameters over other ranges on some datasets):
@@ -479,14 +499,18 @@ def default_space(
     Without ``dataset`` the base ranges are returned; the tables are checked either way (an
     unknown dataset, miner or parameter is a ConfigError naming the file and the key)."""
     path = folder / f"{loss}.yaml"
+    loss_space = folder.resolve() == SPACES_DIR.resolve()  # a loss's file takes per-dataset tables
     if not path.is_file():
-        return {}
+        path = _plugin_space_file(kind, loss)
+        if path is None:
+            return {}
+        loss_space = kind == "loss"
     data = load_yaml(path) or {}
     if not isinstance(data, dict):
         raise ConfigError(not_a_mapping(data, str(path)))
     tables = {k: data.pop(k) for k in (PER_DATASET, WITH_MINER) if k in data}
     space = {k: _validate(ParamSpace, v, f"{path}: {k}") for k, v in data.items()}
-    if tables and folder.resolve() != SPACES_DIR.resolve():
+    if tables and not loss_space:
         raise ConfigError(
             f"{path}: {next(iter(tables))}: only a loss's space file "
             "(studies/spaces/<loss>.yaml) takes per-dataset ranges"
@@ -747,7 +771,8 @@ def _plugin_space(
     used, minus what ``params`` fixes."""
     space = ref.search
     if space is None:
-        defaults = default_space(ref.name, SPACES_DIR / {"miner": "miners"}.get(kind, "strategies"))
+        folder = SPACES_DIR / {"miner": "miners"}.get(kind, "strategies")
+        defaults = default_space(ref.name, folder, kind=kind)
         space = {k: v for k, v in defaults.items() if k not in ref.params}
     for where, names in ((f"{kind}.params", ref.params), (f"{kind}.search", space)):
         for k in names:

@@ -32,7 +32,6 @@ Processes that need the same missing cache at once build it once: the others wai
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import re
@@ -50,11 +49,13 @@ from typing import Any, BinaryIO
 import numpy as np
 import PIL
 import torchvision
+from filelock import FileLock
 from PIL import Image
 from torchvision import transforms as T
 from tqdm.auto import tqdm
 
 from mlrc.data.base import DatasetError, ImageDataset, Source
+from mlrc.errors import alive
 
 FORMAT_VERSION = 1
 STALE_TEMP_S = 24 * 3600  # a temporary file untouched this long is a dead build's, whatever host
@@ -186,12 +187,9 @@ def _open(data_path: Path, index_path: Path) -> tuple[np.ndarray, np.ndarray] | 
 def _build_lock(path: Path) -> Iterator[None]:
     """Exclusive ``flock`` on ``path`` (an empty file, kept): one build of a cache at a time
     per host, the others wait and then use it. Released by the OS if the builder dies."""
-    with open(path, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    lock = FileLock(path, thread_local=False, preserve_lock_file=True, fallback_to_soft=False)
+    with lock:
+        yield
 
 
 def _build(
@@ -283,15 +281,5 @@ def _remove_stale_temps(cache_dir: Path) -> None:
             old = time.time() - p.stat().st_mtime > STALE_TEMP_S
         except FileNotFoundError:
             continue
-        if old or (m["host"] == host and not _alive(int(m["pid"]))):
+        if old or (m["host"] == host and not alive(int(m["pid"]))):
             p.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -1,19 +1,22 @@
-"""Fetch a downloadable dataset once into a cache, checked against its SHA-256.
+"""Fetch a downloadable dataset once into a cache, checked against its SHA-256 (with pooch).
 
 Cache directory: ``$MLRC_CACHE`` or ``~/.cache/mlrc``. A file is written under a temporary name
 and renamed only after its checksum matched, so an interrupted or corrupt download never leaves
-a file that looks valid.
+a file that looks valid; a cached file whose checksum differs is fetched again.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
+import re
 import shutil
+import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from mlrc.data.base import DatasetError
+from mlrc.errors import first_line
 
 OMNIGLOT_URL = (
     "https://github.com/brendenlake/omniglot/raw/master/python/images_background_small1.zip"
@@ -26,11 +29,28 @@ def cache_dir() -> Path:
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    import pooch  # imported when used: 0.3 s, and most commands never download
+
+    return pooch.file_hash(str(path), alg="sha256")
+
+
+def _copy_local(url: str, output_file: str, _pooch: Any) -> None:
+    """pooch's downloader for ``file://`` URLs (a local mirror), which pooch has none for."""
+    shutil.copyfile(urllib.request.url2pathname(urllib.parse.urlsplit(url).path), output_file)
+
+
+def _downloader(url: str, timeout_s: float) -> Any:
+    import pooch
+
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme == "file":
+        return _copy_local
+    if scheme in ("http", "https"):
+        return pooch.HTTPDownloader(timeout=timeout_s)
+    try:
+        return pooch.downloaders.choose_downloader(url)  # ftp, sftp, doi
+    except ValueError as e:
+        raise DatasetError(f"{url}: download failed ({first_line(e)})") from None
 
 
 def fetch(url: str, sha256_hex: str, filename: str, *, timeout_s: float = 60.0) -> Path:
@@ -38,24 +58,31 @@ def fetch(url: str, sha256_hex: str, filename: str, *, timeout_s: float = 60.0) 
 
     Raises ``DatasetError`` when the download fails or its SHA-256 differs from ``sha256_hex``.
     """
+    import pooch
+    import requests
+
     target = cache_dir() / filename
-    if target.is_file():
-        if sha256(target) == sha256_hex:
-            return target
-        target.unlink()  # a stale or tampered cache entry: fetch again
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".part")
+    downloader = _downloader(url, timeout_s)
+    logger = pooch.get_logger()
+    level = logger.level
+    logger.setLevel("WARNING")  # no "Downloading data from ..." lines on stderr
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r, open(partial, "wb") as out:
-            shutil.copyfileobj(r, out, 1 << 20)
-    except OSError as e:
-        partial.unlink(missing_ok=True)
-        raise DatasetError(f"{url}: download failed ({e})") from None
-    got = sha256(partial)
-    if got != sha256_hex:
-        partial.unlink(missing_ok=True)
-        raise DatasetError(f"{url}: SHA-256 mismatch (expected {sha256_hex}, got {got})")
-    os.replace(partial, target)
+        pooch.retrieve(
+            url,
+            known_hash=f"sha256:{sha256_hex}",
+            fname=target.name,
+            path=target.parent,
+            downloader=downloader,
+        )
+    except ValueError as e:  # pooch's checksum mismatch (it deleted the download)
+        got = re.search(r"\bgot ([0-9a-fA-F]+)", str(e))
+        raise DatasetError(
+            f"{url}: SHA-256 mismatch (expected {sha256_hex}, got {got[1] if got else '?'})"
+        ) from None
+    except (OSError, requests.RequestException) as e:
+        raise DatasetError(f"{url}: download failed ({first_line(e)})") from None
+    finally:
+        logger.setLevel(level)
     return target
 
 

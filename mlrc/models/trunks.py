@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from torchvision.models import ResNet, ResNet50_Weights
 from torchvision.models.resnet import Bottleneck
 
+from mlrc.errors import first_line
 from mlrc.registry import Registry
 
 __all__ = [
@@ -77,7 +78,7 @@ class Trunk(nn.Module):
     input_spec: InputSpec
 
 
-TRUNKS: Registry[Trunk] = Registry("trunk")
+TRUNKS: Registry[Trunk] = Registry("trunk", group="mlrc.trunks")
 
 
 def _copy_spec(spec: InputSpec) -> InputSpec:
@@ -98,11 +99,6 @@ def weights_cache_dir() -> Path:
     """Download cache: ``$MLRC_CACHE/weights``; ``MLRC_CACHE`` defaults to ``~/.cache/mlrc``."""
     root = os.environ.get("MLRC_CACHE") or os.path.join("~", ".cache", "mlrc")
     return Path(root).expanduser() / "weights"
-
-
-def _one_line(text: object) -> str:
-    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
-    return lines[0] if lines else "(no message)"
 
 
 def _examples(keys: set[str], n: int = 3) -> str:
@@ -200,7 +196,7 @@ def load_weights(
             )
         except Exception as exc:  # network, hash mismatch, unreadable download
             raise ValueError(
-                f"could not get weights {source}: {type(exc).__name__}: {_one_line(exc)} "
+                f"could not get weights {source}: {type(exc).__name__}: {first_line(exc, '(no message)')} "
                 "(download it by hand and pass its local path instead)"
             ) from exc
     elif isinstance(pretrained, str | os.PathLike):
@@ -213,7 +209,7 @@ def load_weights(
         except Exception as exc:  # corrupt, truncated, not a torch file, unsafe pickle
             raise ValueError(
                 f"weights file {source} is not a readable torch state dict: "
-                f"{type(exc).__name__}: {_one_line(exc)}"
+                f"{type(exc).__name__}: {first_line(exc, '(no message)')}"
             ) from exc
     else:
         raise ValueError(
@@ -223,7 +219,9 @@ def load_weights(
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as exc:  # should not happen after the checks above
-        raise ValueError(f"weights {source} failed to load: {_one_line(exc)}") from exc
+        raise ValueError(
+            f"weights {source} failed to load: {first_line(exc, '(no message)')}"
+        ) from exc
 
 
 # --------------------------------------------------------------------------------------------

@@ -46,6 +46,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import typer
 
+from mlrc.errors import first_line
+
 log = logging.getLogger("mlrc")
 
 MODE_LABELS = {"separated": "separated (128-D)", "concatenated": "concatenated (512-D)"}
@@ -554,7 +556,7 @@ class OptunaFigures:
         except KeyError:
             return dict.fromkeys(kinds, (None, f"no Optuna study named {name} in this store"))
         except Exception as e:  # e.g. Optuna's tables written by another Optuna version
-            return dict.fromkeys(kinds, (None, f"Optuna's tables cannot be read ({_first(e)})"))
+            return dict.fromkeys(kinds, (None, f"Optuna's tables cannot be read ({first_line(e)})"))
         done = [t for t in trials if t.state == TrialState.COMPLETE]
         key = (name, tuple((t.number, t.state, tuple(t.values or ())) for t in trials))
         with self._lock:
@@ -603,7 +605,7 @@ class OptunaFigures:
         except ImportError as e:
             return None, f"needs the package {e.name or e} ({kind})"
         except (ValueError, RuntimeError, ZeroDivisionError, optuna.exceptions.OptunaError) as e:
-            return None, f"not available: {_first(e)}"
+            return None, f"not available: {first_line(e)}"
 
 
 def _visible_lines(fig):
@@ -635,10 +637,6 @@ def _visible_lines(fig):
     for t, colour in zip(lines if colours else [], colours, strict=True):
         t.line.color = colour
     return fig
-
-
-def _first(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 # --- HTML --------------------------------------------------------------------------------------

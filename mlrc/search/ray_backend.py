@@ -26,6 +26,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from mlrc import store
 from mlrc.config import ResolvedStudy
+from mlrc.errors import first_line
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
 from mlrc.search.study import (
@@ -143,7 +144,7 @@ def _trainable(config: dict[str, Any], job: Job) -> None:
         try:
             value, reason = _objective(ctx, number, params, on_fold=on_fold, folds=folds)
         except Exception as e:  # noqa: BLE001 — recorded as the trial's reason, not lost
-            reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
+            reason = f"{type(e).__name__}: {first_line(e, default='')}"
             _finish_trial(ctx, number, "failed", None, None, reason)
             value = None
     if reason is not None:

@@ -10,7 +10,6 @@ resumes from its ``last.pt``.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import logging
@@ -28,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import optuna
+from filelock import FileLock, Timeout
 from optuna.trial import TrialState
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
@@ -233,28 +233,38 @@ def _sqlite_lock(engine: Engine, name: str) -> Iterator[None]:
         yield
         return
     path = Path(f"{database}.{name}.lock")
+    if not path.parent.is_dir():  # filelock would create it
+        raise StudyError(f"{path}: cannot create the study's lock file (No such file or directory)")
+
+    def write_pid(fd: int) -> None:  # the holder's pid, for the message a second process gets
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+
+    lock = FileLock(
+        path,
+        blocking=False,
+        thread_local=False,
+        preserve_lock_file=True,
+        fallback_to_soft=False,  # a kernel lock, released when the process dies, or none
+        on_acquired=write_pid,
+    )
     try:
-        lock = open(path, "a+")  # noqa: SIM115 — closed by the with below
+        lock.acquire()
+    except Timeout:  # before OSError: filelock's Timeout is a TimeoutError
+        try:
+            pid = path.read_text().strip() or "?"
+        except OSError:
+            pid = "?"
+        raise StudyError(
+            f"study {name!r} is already running on {engine.url.database} (pid {pid}); SQLite "
+            "allows one process per study — use a PostgreSQL URL for parallel workers"
+        ) from None
     except OSError as e:
         raise StudyError(f"{path}: cannot create the study's lock file ({e.strerror})") from None
-    with lock as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            pid = f.read().strip() or "?"
-            raise StudyError(
-                f"study {name!r} is already running on {engine.url.database} (pid {pid}); SQLite "
-                "allows one process per study — use a PostgreSQL URL for parallel workers"
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _register(engine: Engine, resolved: ResolvedStudy) -> int:

@@ -38,6 +38,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_before_delay,
+    wait_exponential,
+)
+
+from mlrc.errors import first_line
 
 SCHEMA_VERSION = 3  # 2: test_result.extra (analysis metrics); 3: fold_run.objective/code_version
 # Columns added since a released schema version, added in place when an older store is opened
@@ -277,7 +286,8 @@ def sqlite_busy_s() -> float:
 
 
 def _first_line(e: BaseException) -> str:
-    return (str(getattr(e, "orig", None) or e).strip().splitlines() or [type(e).__name__])[0]
+    """The first line of a database error: the driver's message (``e.orig``) when it has one."""
+    return first_line(getattr(e, "orig", None) or e)
 
 
 def _describe(e: BaseException) -> str:
@@ -294,6 +304,25 @@ def _describe(e: BaseException) -> str:
 def _refused(e: BaseException) -> bool:
     """Did the server refuse the login (wrong password or user, no such database)?"""
     return any(marker in _first_line(e) for marker in _REFUSED)
+
+
+_BACKOFF = wait_exponential(multiplier=0.5, max=30)  # 0.5, 1, 2, ... 30 s between attempts
+
+
+def _failure(rs: RetryCallState) -> BaseException:
+    """The error of the attempt that just failed (only failed attempts are retried)."""
+    e = rs.outcome.exception() if rs.outcome is not None else None
+    assert isinstance(e, BaseException)
+    return e
+
+
+def _warn(message: str, subject: str) -> Callable[[RetryCallState], None]:
+    """A ``before_sleep`` that logs ``message % (subject, the error's first line, seconds)``."""
+
+    def note(rs: RetryCallState) -> None:
+        log.warning(message, subject, _first_line(_failure(rs)), rs.upcoming_sleep)
+
+    return note
 
 
 def retry_connects(engine: Engine, first_s: float = 5.0, connected: bool = False) -> Engine:
@@ -315,25 +344,32 @@ def retry_connects(engine: Engine, first_s: float = 5.0, connected: bool = False
     @event.listens_for(engine, "do_connect")
     def _connect(dialect: Any, conn_rec: Any, cargs: Any, cparams: Any) -> Any:
         window = reconnect_window_s() if state["connected"] else first_s
-        deadline, delay = time.monotonic() + window, 0.5
-        while True:
+        deadline = time.monotonic() + window
+        unreachable = dialect.loaded_dbapi.OperationalError
+
+        def bound_attempt(_: RetryCallState) -> None:  # each attempt: the window left, 2 to 10 s
             if dialect.name == "postgresql" and not timeout_preset:
                 left = math.ceil(deadline - time.monotonic())
                 cparams["connect_timeout"] = max(2, min(10, left))
-            try:
-                conn = dialect.loaded_dbapi.connect(*cargs, **cparams)
-                state["connected"] = True
-                return conn
-            except dialect.loaded_dbapi.OperationalError as e:
-                if _refused(e) or time.monotonic() + delay > deadline:
-                    if state["connected"]:
-                        raise
-                    raise StoreError(f"{where}: cannot connect ({_first_line(e)})") from None
-                log.warning(
-                    "database %s unreachable (%s); retrying in %.1f s", where, _first_line(e), delay
-                )
-                time.sleep(delay)
-                delay = min(2 * delay, 30.0)
+
+        def attempt() -> Any:
+            conn = dialect.loaded_dbapi.connect(*cargs, **cparams)
+            state["connected"] = True
+            return conn
+
+        try:
+            return Retrying(
+                retry=retry_if_exception(lambda e: isinstance(e, unreachable) and not _refused(e)),
+                wait=_BACKOFF,
+                stop=stop_before_delay(window),
+                before=bound_attempt,
+                before_sleep=_warn("database %s unreachable (%s); retrying in %.1f s", where),
+                reraise=True,
+            )(attempt)
+        except unreachable as e:  # refused, or still unreachable at the end of the window
+            if state["connected"]:
+                raise
+            raise StoreError(f"{where}: cannot connect ({_first_line(e)})") from None
 
     return engine
 
@@ -343,21 +379,22 @@ def retry(fn: Callable[[], T], engine: Engine, what: str) -> T:
     :func:`reconnect_window_s` seconds; other errors propagate at once."""
     from sqlalchemy.exc import DBAPIError
 
-    deadline, delay = time.monotonic() + reconnect_window_s(), 0.5
-    while True:
-        try:
-            return fn()
-        except DBAPIError as e:
-            if not e.connection_invalidated and not _is_disconnect(e, engine):
-                raise
-            if time.monotonic() + delay > deadline:
-                raise StoreError(
-                    f"{_shown(engine)}: lost the connection while {what} "
-                    f"and it did not come back ({_first_line(e)})"
-                ) from None
-            log.warning("%s: connection lost (%s); retrying in %.1f s", what, _first_line(e), delay)
-            time.sleep(delay)
-            delay = min(2 * delay, 30.0)
+    def lost(e: BaseException) -> bool:
+        return isinstance(e, DBAPIError) and (e.connection_invalidated or _is_disconnect(e, engine))
+
+    def give_up(rs: RetryCallState) -> T:
+        raise StoreError(
+            f"{_shown(engine)}: lost the connection while {what} "
+            f"and it did not come back ({_first_line(_failure(rs))})"
+        ) from None
+
+    return Retrying(
+        retry=retry_if_exception(lost),
+        wait=_BACKOFF,
+        stop=stop_before_delay(reconnect_window_s()),
+        before_sleep=_warn("%s: connection lost (%s); retrying in %.1f s", what),
+        retry_error_callback=give_up,
+    )(fn)
 
 
 def _is_disconnect(e: Exception, engine: Engine) -> bool:
@@ -470,23 +507,28 @@ def sqlite_path(engine: Engine) -> str | None:
 def _sqlite_file_lock(engine: Engine, name: str) -> Iterator[None]:
     """On a SQLite file, an exclusive ``flock`` on ``<database>.<name>.lock`` (released when the
     process dies); a no-op for PostgreSQL and in-memory databases."""
-    import fcntl
+    from filelock import FileLock
 
     database = sqlite_path(engine)
-    if database is None:
+    # filelock would create a missing folder: SQLite is to name it ("unable to open database file")
+    if database is None or not os.path.isdir(os.path.dirname(os.path.abspath(database))):
         yield
         return
+    lock = FileLock(
+        f"{database}.{name}.lock",
+        thread_local=False,
+        preserve_lock_file=True,
+        fallback_to_soft=False,
+    )
     try:
-        f = open(f"{database}.{name}.lock", "a+")  # noqa: SIM115 — closed below
+        lock.acquire()
     except OSError:  # a read-only folder: nothing can be created there, so nothing races
         yield
         return
-    with f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def optuna_storage(url: str, **heartbeat: Any) -> Any:

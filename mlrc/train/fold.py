@@ -52,6 +52,7 @@ from tqdm.auto import tqdm
 from mlrc.config import Preset
 from mlrc.data.base import ImageDataset
 from mlrc.data.transforms import eval_transform, to_trunk_input, train_transform
+from mlrc.errors import alive, first_line
 from mlrc.methods import losses, miners, samplers, strategies
 from mlrc.models.trunks import TRUNKS, Embedder, freeze_batchnorm
 from mlrc.protocol import retrieval_metrics
@@ -319,24 +320,15 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _remove_stale_temps(folder: Path) -> None:
-    """Temp files of this host's dead processes (killed mid-write) in ``folder``."""
+    """Temp files of this host's dead processes (killed mid-write) in ``folder``; also this
+    process's own, which are from before: it is not writing them now."""
     host = socket.gethostname()
     for tmp in folder.glob(".*.tmp-*"):
         rest, _, pid = tmp.name.rpartition("-")
-        if rest.endswith(f".tmp-{host}") and pid.isdigit() and not _alive(int(pid)):
+        if not (rest.endswith(f".tmp-{host}") and pid.isdigit()):
+            continue
+        if int(pid) == os.getpid() or not alive(int(pid)):
             tmp.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # ours, from before: this process is not writing it now
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _plain(obj: Any) -> Any:
@@ -385,7 +377,7 @@ def _load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 — any unreadable file: one line naming it
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        first = first_line(e)[:160]
         raise CheckpointError(
             f"cannot resume from {path} ({first}); delete it to train this fold again"
         ) from None

@@ -1,0 +1,45 @@
+"""Small helpers for one-line error messages and process checks, shared by every module.
+
+Imports nothing of mlrc, so any module (the store, the trainer, the command line) can use it.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["alive", "first_line", "worker_message"]
+
+
+def first_line(error: BaseException | str, default: str | None = None) -> str:
+    """The first non-blank line of ``error``'s message, stripped. An empty message gives
+    ``default``: the exception's type name when not given (``""`` for a string).
+
+    For a database error pass the driver's exception (``getattr(e, "orig", None) or e``): its
+    message is the server's, without SQLAlchemy's ``[SQL: ...]`` lines."""
+    for line in str(error).splitlines():
+        if line.strip():
+            return line.strip()
+    if default is not None:
+        return default
+    return "" if isinstance(error, str) else type(error).__name__
+
+
+def worker_message(message: str) -> str:
+    """The original message of an error re-raised from a DataLoader worker, whose message
+    carries the worker's traceback: its last line, without a ``DatasetError:``/``mlrc.…:``
+    prefix (e.g. ``/path: unreadable ...``). Any other message is returned unchanged."""
+    if "Original Traceback" in message:
+        last = [ln for ln in message.splitlines() if ln.strip()][-1]
+        return last.split(": ", 1)[1] if last.startswith(("DatasetError", "mlrc.")) else last
+    return message
+
+
+def alive(pid: int) -> bool:
+    """Is process ``pid`` running on this host (this process included)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
