@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -32,19 +34,51 @@ def clustered(
     return x[perm].astype(np.float32), labels[perm]
 
 
-def naive_metrics(x: np.ndarray, y: np.ndarray, normalize: bool = True) -> dict[str, float]:
-    """The MLRC definitions, one query at a time, in float64."""
-    x = x.astype(np.float64)
+def plain_vectors(x: np.ndarray, normalize: bool = True) -> np.ndarray:
+    """The ranked vectors by definition: float64 rows, divided by √(Σ_k x_k²) summed left to
+    right (a plain float64 loop, vectorised over rows only); zero rows stay zero."""
+    v = np.asarray(x, dtype=np.float64)
     if normalize:
-        x = x / np.linalg.norm(x, axis=1, keepdims=True)
+        total = np.zeros(len(v))
+        for k in range(v.shape[1]):
+            total += v[:, k] * v[:, k]
+        norm = np.sqrt(total)
+        v = np.divide(v, norm[:, None], out=np.zeros_like(v), where=norm[:, None] > 0)
+    return v
+
+
+def plain_distances(v: np.ndarray) -> np.ndarray:
+    """n × n squared distances Σ_k (v_ik − v_jk)², summed k = 0, 1, … in float64 (a plain
+    loop, vectorised over pairs only)."""
+    dist = np.zeros((len(v), len(v)))
+    for k in range(v.shape[1]):
+        diff = v[:, k, None] - v[None, :, k]
+        dist += diff * diff
+    return dist
+
+
+def naive_metrics(
+    x: np.ndarray,
+    y: np.ndarray,
+    normalize: bool = True,
+    *,
+    ties: str = "lower",
+    dist: np.ndarray | None = None,
+) -> dict[str, float]:
+    """The MLRC definitions, one query at a time, ranked by ``plain_distances`` (ascending,
+    stable: ties to the lower index; ``ties="higher"``: to the higher one). ``dist``: rank by
+    these n × n values instead (to show what another ranking would give)."""
+    if dist is None:
+        dist = plain_distances(plain_vectors(x, normalize))
     maps, p1s, rps = [], [], []
     for i in range(len(x)):
         others = np.delete(np.arange(len(x)), i)
+        if ties == "higher":
+            others = others[::-1]
         R = int((y[others] == y[i]).sum())
         if R == 0:
             continue
-        d = ((x[others] - x[i]) ** 2).sum(1)
-        ranked = others[np.argsort(d, kind="stable")]
+        ranked = others[np.argsort(dist[i, others], kind="stable")]
         rel = [1.0 if y[j] == y[i] else 0.0 for j in ranked[:R]]
         precision_at = [sum(rel[: t + 1]) / (t + 1) for t in range(R)]
         maps.append(sum(p * r for p, r in zip(precision_at, rel, strict=True)) / R)
@@ -75,6 +109,176 @@ def test_collapsed_embeddings_are_ranked_exactly(normalize):
         assert got[k] == pytest.approx(want[k], abs=1e-12)
 
 
+def tie_heavy(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """~300 float32 embeddings whose ranking is decided by exact ties or by the last bits of
+    float64, and labels of 12 classes (rows in random order)."""
+    rng = np.random.default_rng(7)
+    n = 300
+    base = rng.standard_normal((40, 16)).astype(np.float32)
+    if name == "collinear, integer":  # exact multiples of 5 integer directions
+        directions = rng.integers(-3, 4, (5, 8))
+        x = directions[rng.integers(0, 5, n)] * rng.integers(1, 20, n)[:, None]
+    elif name == "collinear, float":  # 5 directions at random positive scales (rounded)
+        directions = rng.standard_normal((5, 8))
+        x = directions[rng.integers(0, 5, n)] * rng.uniform(0.1, 10.0, (n, 1))
+    elif name == "duplicates":  # 40 vectors, each repeated ~7 times
+        x = base[rng.integers(0, 40, n)]
+    elif name == "integer-valued":  # {-2..2}^6: duplicates, collinear pairs, equal distances
+        x = rng.integers(-2, 3, (n, 6))
+    elif name == "identical":
+        x = np.repeat(base[:1], n, axis=0)
+    elif name == "collapsed":  # one vector + 1e-6 noise
+        x = base[:1] + 1e-6 * rng.standard_normal((n, 16))
+    elif name == "with zero rows":
+        x = rng.standard_normal((n, 8)) * (rng.random((n, 1)) > 0.2)
+    else:
+        raise ValueError(name)
+    return np.asarray(x, dtype=np.float32), rng.integers(0, 12, n)
+
+
+TIE_HEAVY = (
+    "collinear, integer",
+    "collinear, float",
+    "duplicates",
+    "integer-valued",
+    "identical",
+    "collapsed",
+    "with zero rows",
+)
+
+
+def metrics_on_both_paths(monkeypatch, x, y, normalize):
+    """retrieval_metrics on the CPU (numpy) path and on the torch path (the one CUDA uses)."""
+    monkeypatch.setattr(M, "_NUMPY_ON_CPU", True)
+    cpu = retrieval_metrics(x, y, normalize=normalize)
+    monkeypatch.setattr(M, "_NUMPY_ON_CPU", False)
+    return cpu, retrieval_metrics(x, y, normalize=normalize)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("name", TIE_HEAVY)
+def test_tie_heavy_sets_equal_the_plain_loop_on_both_paths(monkeypatch, name, normalize):
+    """Collinear vectors of different norms, duplicates, integer embeddings, identical and
+    collapsed sets, zero rows: both paths give the plain float64 loop's values (ties to the
+    lower index) to 1e-12, and exactly the same numbers as each other."""
+    x, y = tie_heavy(name)
+    cpu, torch_path = metrics_on_both_paths(monkeypatch, x, y, normalize)
+    want = naive_metrics(x, y, normalize)
+    for k in M.METRICS:
+        assert cpu[k] == pytest.approx(want[k], abs=1e-12)
+    assert torch_path == cpu
+
+
+@pytest.mark.parametrize(
+    ("name", "normalize", "wrong"),
+    [
+        ("collinear, integer", True, "ties to the higher index"),
+        ("collinear, integer", False, "ties to the higher index"),
+        ("duplicates", True, "ties to the higher index"),
+        ("integer-valued", True, "ties to the higher index"),
+        ("integer-valued", False, "ties to the higher index"),
+        ("identical", True, "ties to the higher index"),
+        ("with zero rows", True, "ties to the higher index"),
+        ("collinear, integer", True, "float64 dot products"),
+        ("collinear, float", True, "float64 dot products"),
+        ("collapsed", True, "float64 dot products"),
+    ],
+)
+def test_tie_heavy_sets_tell_a_wrong_ranking_apart(name, normalize, wrong):
+    """The test above can fail: on these sets a ranking that breaks ties the other way, or
+    that ranks by BLAS dot products of the same float64 vectors (equal order in exact
+    arithmetic), changes the values by far more than 1e-12."""
+    x, y = tie_heavy(name)
+    want = naive_metrics(x, y, normalize)
+    if wrong == "ties to the higher index":
+        other = naive_metrics(x, y, normalize, ties="higher")
+    else:
+        v = plain_vectors(x, normalize)
+        other = naive_metrics(x, y, dist=-(v @ v.T))
+    assert max(abs(other[k] - want[k]) for k in M.METRICS) > 1e-6
+
+
+def test_another_summation_order_is_caught(monkeypatch):
+    """The comparison with the plain loop sees the last bits: summing norms and distances in
+    another order (right to left here; BLAS, numpy's pairwise sum and GPU reductions each
+    have their own) reorders near-ties of integer embeddings, and the values move."""
+    x, y = tie_heavy("integer-valued")
+    left_to_right = M._sum_rows_left_to_right
+    monkeypatch.setattr(M, "_sum_rows_left_to_right", lambda a: left_to_right(np.flip(a, 1)))
+    got, want = retrieval_metrics(x, y), naive_metrics(x, y)
+    assert max(abs(got[k] - want[k]) for k in M.METRICS) > 1e-6
+
+
+def test_the_plain_loop_is_a_plain_loop():
+    """The vectorised reference above equals a pure-Python float loop bit for bit."""
+    x, _ = tie_heavy("collinear, integer")
+    x = x[:25]
+    rows = []
+    for row in x.astype(np.float64).tolist():
+        total = 0.0
+        for value in row:
+            total += value * value
+        norm = math.sqrt(total)
+        rows.append([value / norm if norm > 0 else 0.0 for value in row])
+    dist = np.zeros((len(rows), len(rows)))
+    for i, a in enumerate(rows):
+        for j, b in enumerate(rows):
+            total = 0.0
+            for p, q in zip(a, b, strict=True):
+                total += (p - q) * (p - q)
+            dist[i, j] = total
+    np.testing.assert_array_equal(plain_vectors(x), np.array(rows))
+    np.testing.assert_array_equal(plain_distances(plain_vectors(x)), dist)
+
+
+@pytest.mark.parametrize("torch_path", [False, True])
+def test_zero_rows_stay_zero_and_tie_by_index(monkeypatch, torch_path):
+    """A zero row stays zero: squared distance 1 from every unit row, 0 from other zero rows.
+    Items 0, 2 zero; 1, 3 along e1; 4 along e2; labels A B B A B. By hand (ties to the lower
+    index): q0 → 2 (R = 1, miss); q1 → 3, 0 (R = 2, none); q2 → 0, 1 (R = 2, rank 2 hit:
+    AP 1/4); q3 → 1 (R = 1, miss); q4 → 0, 2 (tie at distance 1; R = 2, rank 2 hit: AP 1/4;
+    ties to the higher index would give 2, 0: AP 1/2, P@1 1)."""
+    monkeypatch.setattr(M, "_NUMPY_ON_CPU", not torch_path)
+    x = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [2.0, 0.0], [0.0, 3.0]], np.float32)
+    y = np.array([0, 1, 1, 0, 1])
+    got = retrieval_metrics(x, y)
+    assert got == {"map_at_r": 0.1, "precision_at_1": 0.0, "r_precision": 0.2, "num_queries": 5}
+    assert M.ranked_vectors(torch.from_numpy(x))[[0, 2]].abs().sum() == 0
+
+
+def test_normalisation_is_exact_for_any_scale():
+    """Rows scaled by 2^±600 (float64: plain squares would overflow or underflow) normalise
+    to the very same bits, and give the same metrics."""
+    x, y = tie_heavy("collinear, float")
+    x64 = torch.from_numpy(x.astype(np.float64))
+    unit = M.ranked_vectors(x64)
+    assert torch.equal(unit, torch.from_numpy(plain_vectors(x)))
+    assert torch.equal(x64, torch.from_numpy(x.astype(np.float64)))  # the input is untouched
+    for scale in (2.0**600, 2.0**-600):
+        assert torch.equal(M.ranked_vectors(x64 * scale), unit)
+        assert retrieval_metrics(x64 * scale, y) == retrieval_metrics(x, y)
+
+
+@pytest.mark.parametrize("torch_path", [False, True])
+@pytest.mark.parametrize("kind", ["identical", "collapsed"])
+def test_tie_heavy_sets_cost_about_n_exact_distances(monkeypatch, torch_path, kind):
+    """3,000 identical or collapsed (1e-6) embeddings in 60 classes (k ≈ 70 neighbours a
+    query): identical rows are scored once per distinct vector, collapsed ones separated in
+    float32, so the exact distances number O(n·k) at most (the torch path scores its k + 8
+    candidates), far from the n² = 9,000,000 of a per-query fallback."""
+    monkeypatch.setattr(M, "_NUMPY_ON_CPU", not torch_path)
+    rng = np.random.default_rng(3)
+    x = np.repeat(rng.standard_normal((1, 32)), 3000, axis=0)
+    if kind == "collapsed":
+        x = x + 1e-6 * rng.standard_normal(x.shape)
+    x, y = x.astype(np.float32), rng.integers(0, 60, 3000)
+    exact = spy(monkeypatch, "_pair_scores")
+    got, want = retrieval_metrics(x, y), naive_metrics(x, y)
+    assert sum(len(c[1]) for c in exact) < 100 * len(x)
+    for k in M.METRICS:
+        assert got[k] == pytest.approx(want[k], abs=1e-12)
+
+
 def spy(monkeypatch, name: str) -> list[tuple]:
     """Record the arguments of every call to metrics.<name>."""
     calls: list[tuple] = []
@@ -98,25 +302,28 @@ def small_tiles(monkeypatch):
     monkeypatch.setattr(M, "_POOL_SLACK", 8)
 
 
-def test_collapsed_embeddings_fall_back_to_the_exact_ranking(monkeypatch):
-    """float32 cannot separate nearly collinear embeddings: no query is certified from the
-    float32 search and all go to the float64 ranking, which still matches the naive loop."""
+def test_collapsed_embeddings_are_certified_in_float32(monkeypatch):
+    """Nearly collinear embeddings: float32 scores relative to the mean vector still separate
+    them, so no query needs the exact fallback and few pairs need an exact distance."""
     rng = np.random.default_rng(0)
     y = rng.integers(0, 40, 600)
     x = (np.ones(64) + 1e-4 * rng.standard_normal((600, 64))).astype(np.float32)
-    calls = spy(monkeypatch, "_rank_exactly")
+    fallback, exact = spy(monkeypatch, "_rank_exactly"), spy(monkeypatch, "_pair_scores")
     got, want = retrieval_metrics(x, y), naive_metrics(x, y)
-    assert sum(len(c[1]) for c in calls) == int((np.bincount(y)[y] > 1).sum())
+    assert sum(len(c[1]) for c in fallback) == 0
+    assert sum(len(c[1]) for c in exact) < 2 * len(x)
     for k in M.METRICS:
         assert got[k] == pytest.approx(want[k], abs=1e-12)
 
 
 def test_nearly_collapsed_embeddings_use_every_certificate(monkeypatch):
-    """Near-ties at the float32 resolution: some queries are certified from float32 alone, some
-    after re-scoring their candidates in float64, some only with 4× more candidates."""
+    """Two antipodal clusters of near-copies (the mean is ~0, so float32 scores are not
+    centred) tie at the float32 resolution: some queries are certified from float32 alone,
+    some after exact distances of their candidates, some only with 4× more candidates."""
     rng = np.random.default_rng(0)
     y = rng.integers(0, 40, 600)
-    x = (np.ones(8) + 1e-2 * rng.standard_normal((600, 8))).astype(np.float32)
+    sign = np.where(rng.random(600) < 0.5, 1.0, -1.0)[:, None]
+    x = (sign * np.ones(8) + 1e-2 * rng.standard_normal((600, 8))).astype(np.float32)
     certify, wider = spy(monkeypatch, "_certify"), spy(monkeypatch, "_certify_wider")
     got, want = retrieval_metrics(x, y), naive_metrics(x, y)
     retried = sum(len(c[1]) for c in wider)
@@ -136,19 +343,43 @@ def exact_copies(
     return x, rng.integers(0, labels, len(x))
 
 
+def clustered_with_copies(copies: int, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """~400 distinct clustered items plus ``groups`` of them repeated ``copies`` times under
+    random labels: most rows distinct, a few queries with more exact ties than candidates."""
+    x, y = clustered(30, 16, 1, spread=0.5, singletons=0)
+    rng = np.random.default_rng(1)
+    pick = rng.choice(len(x), groups, replace=False)
+    cx, cy = np.repeat(x[pick], copies, axis=0), rng.integers(0, 30, copies * groups)
+    return np.concatenate([x, cx]), np.concatenate([y, cy])
+
+
 @pytest.mark.parametrize("normalize", [True, False])
 @pytest.mark.parametrize(
-    ("copies", "labels", "groups", "path"),
-    [(60, 10, 6, "_certify_wider"), (120, 60, 4, "_rank_exactly")],
+    ("copies", "groups", "path"),
+    [(20, 4, "_certify_wider"), (250, 2, "_rank_exactly")],
 )
-def test_exact_ties_go_to_the_lower_index(monkeypatch, normalize, copies, labels, groups, path):
+def test_exact_ties_go_to_the_lower_index(monkeypatch, normalize, copies, groups, path):
     """More exact copies than R + 4 candidates: ties at the boundary cannot be certified; those
-    queries get 4× more candidates, or (more copies still) are ranked over all items, and every
-    tie goes to the lower index."""
-    x, y = exact_copies(copies, labels, groups)
+    queries get 4× more candidates, or (more copies still) are ranked exactly, and every tie
+    goes to the lower index."""
+    x, y = clustered_with_copies(copies, groups)
     calls = spy(monkeypatch, path)
     got, want = retrieval_metrics(x, y, normalize=normalize), naive_metrics(x, y, normalize)
-    assert sum(len(c[1]) for c in calls) > 0
+    assert 0 < sum(len(c[1]) for c in calls) < len(x)
+    for k in M.METRICS:
+        assert got[k] == pytest.approx(want[k], abs=1e-12)
+
+
+@pytest.mark.parametrize("torch_path", [False, True])
+def test_mostly_duplicated_rows_are_ranked_exactly_at_once(monkeypatch, torch_path):
+    """At most a quarter of the rows distinct: no float32 search, every query ranked exactly
+    at once, each distinct vector scored once against each distinct vector."""
+    monkeypatch.setattr(M, "_NUMPY_ON_CPU", not torch_path)
+    x, y = exact_copies(120, 60, 4)
+    top, exact = spy(monkeypatch, "_exact_top"), spy(monkeypatch, "_pair_scores")
+    got, want = retrieval_metrics(x, y), naive_metrics(x, y)
+    assert sum(len(c[1]) for c in top) == len(x)
+    assert sum(len(c[1]) for c in exact) <= 4 * 4
     for k in M.METRICS:
         assert got[k] == pytest.approx(want[k], abs=1e-12)
 
@@ -188,15 +419,15 @@ def test_float32_overflow_ranks_everything_in_float64():
         assert got[k] == pytest.approx(want[k], abs=1e-12)
 
 
-def test_torch_path_ties_at_the_candidate_boundary_fall_back_to_a_full_ranking(
+def test_torch_path_ties_at_the_candidate_boundary_fall_back_to_the_exact_ranking(
     torch_path, monkeypatch
 ):
     """The torch path (CUDA): ties at the boundary of the float32 candidates cannot be
-    certified, so those queries are ranked over all items (ties by index)."""
-    x, y = exact_copies()
-    calls = spy(monkeypatch, "_score64")
+    certified, even with 4× more, so those queries are ranked exactly (ties by index)."""
+    x, y = clustered_with_copies(250, 2)
+    calls = spy(monkeypatch, "_exact_top")
     got, want = retrieval_metrics(x, y), naive_metrics(x, y)
-    assert any(c[2].shape[1] == len(x) for c in calls)  # the full float64 ranking ran
+    assert 0 < sum(len(c[1]) for c in calls) < len(x)
     for k in M.METRICS:
         assert got[k] == pytest.approx(want[k], abs=1e-12)
 
@@ -275,13 +506,15 @@ def test_torch_input_and_device_argument_give_the_same_numbers():
     assert a == b
 
 
-def test_cuda_matches_cpu():
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("name", ["clustered", *TIE_HEAVY])
+def test_cuda_matches_cpu_exactly(name, normalize):
+    """The same numbers on a GPU as on the CPU, ties included (the issue this ranking fixes)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device on this machine; the CPU path is tested above")
-    x, y = clustered(50, 128, 11)
-    cpu, gpu = retrieval_metrics(x, y), retrieval_metrics(x, y, device="cuda")
-    for k in M.METRICS:
-        assert gpu[k] == pytest.approx(cpu[k], abs=1e-6)
+    x, y = clustered(50, 128, 11) if name == "clustered" else tie_heavy(name)
+    cpu = retrieval_metrics(x, y, normalize=normalize)
+    assert retrieval_metrics(x, y, normalize=normalize, device="cuda") == cpu
 
 
 @pytest.mark.parametrize(

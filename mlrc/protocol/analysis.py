@@ -14,7 +14,7 @@ Conventions, shared with :mod:`mlrc.protocol.metrics`:
   it for raw embeddings;
 - neighbour searches are exact in float64: the query set *is* the reference set, each query's own
   row is excluded by index (a duplicate of another item still counts), exact ties go to the lower
-  index (``metrics._exact_knn`` for small k, direct float64 scores for mAP@1000's k = 1000).
+  index (``metrics.exact_knn`` for small k, direct float64 scores for mAP@1000's k = 1000).
   Queries are processed in blocks of ≤ 256 MiB, so 60,000 × 512 fits in well under 1 GB beyond
   the embeddings;
 - every returned value is a Python float; rates are fractions in [0, 1], not percent.
@@ -34,13 +34,13 @@ import numpy as np
 import torch
 from sklearn.metrics import normalized_mutual_info_score
 
-from mlrc.protocol.metrics import ArrayLike, _as_tensor, _exact_knn
+from mlrc.protocol.metrics import ArrayLike, _as_tensor, exact_knn
 
 # Bytes of one working block (float32 similarities, or float64 candidate vectors) at a time.
 _BLOCK_BYTES = 256 * 2**20
 
 MAP_WINDOW = 1000  # neighbours scored by mAP@1000
-_SMALL_K = 64  # largest k ranked by metrics._exact_knn (float32 candidates + certificate)
+_SMALL_K = 64  # largest k ranked by metrics.exact_knn (float32 candidates + certificate)
 KMEANS_ITERATIONS = 20  # as the Revisiting code (and PML's FaissKMeans)
 
 
@@ -374,7 +374,7 @@ def _knn_blocks(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(query indices, their k nearest other items) block by block, exact in float64.
 
-    Small k (Recall@k): ``metrics._exact_knn`` — float32 candidates, float64 re-ranking with a
+    Small k (Recall@k): ``metrics.exact_knn`` — float32 candidates, float64 re-ranking with a
     certificate. Large k (mAP@1000): that certificate is too loose for the dense ranks near
     1000 and nearly every query would fall back to a full float64 ranking one by one, so the
     block's float64 scores are computed directly (:func:`_knn64`). A block holds at most
@@ -388,7 +388,7 @@ def _knn_blocks(
     for start in range(0, n, block):
         q = torch.arange(start, min(start + block, n), device=x64.device)
         if k <= _SMALL_K:
-            yield q, _exact_knn(x32, x64, q, k, normalize)
+            yield q, exact_knn(x32, x64, q, k, normalize)
         else:
             yield q, _knn64(x64, q, k, normalize)
 

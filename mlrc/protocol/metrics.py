@@ -13,12 +13,32 @@ Conventions (notes/protocol-and-anchors.md §1.8):
 - only ranks ≤ R are read, so a query needs at most its R nearest neighbours (PML: k = the
   largest class size).
 
-Neighbours are exact in float64 (normalisation included): a float32 candidate search is
-followed by a float64 re-ranking with a proof that the candidates hold the true top k (CPU:
-``_knn_numpy``, numpy BLAS on the upper triangle of the similarity matrix; other devices:
-``_exact_knn`` with torch); exact ties go to the lower index. faiss (and so PML) ranks in
-float32, which can order near-ties of collapsed, nearly collinear embeddings differently
-(effect ~1e-5).
+The ranking, identical on every device and in every code path (``ranked_vectors``,
+``_sq_dist``):
+
+- the ranked vectors v are the rows in float64, with ``normalize`` divided by their norm
+  √(Σ_k x_k²), the sum taken left to right after an exact power-of-two scaling of the row (so
+  no square overflows or underflows; for rows of ordinary size this is bit for bit the plain
+  ``x / sqrt(sum)``). A zero row stays zero: it is at distance ‖v_r‖ from every r;
+- reference r comes before r' for query q if d(q, r) < d(q, r'), or if they are equal and
+  r < r' (ties to the lower index), where d(q, r) = Σ_k (v_qk − v_rk)² is evaluated as a plain
+  float64 loop: each difference, square and partial sum rounded once, k = 1, 2, … in order,
+  no fused multiply-add.
+
+So every tie — collinear vectors of different norms, duplicates, integer embeddings, a
+collapsed model — is broken the same way on CPU and GPU. Why the distance and not the dot
+product (the same order in exact arithmetic): on collapsed embeddings 1 − v_q·v_r is ~1e-12,
+where float64 dot products near 1 keep a few bits and their order depends on the summation
+order; differences of nearby coordinates are exact, so d keeps its full relative precision.
+
+How (both paths): a float32 search proposes candidates, d is evaluated exactly as above only
+where a rounding bound cannot prove the order (CPU: ``_knn_numpy``, numpy BLAS over the upper
+triangle of the score matrix; other devices: ``exact_knn`` with torch). The float32 scores are
+taken relative to the mean vector when that tightens the bound, so collapsed embeddings are
+separated in float32 too. Queries still unproven are ranked by ``_exact_top``: float64 scores
+of each distinct vector against the distinct vectors (identical rows are scored once), the
+exact d where they cannot decide, then index tie-breaks — vectorised and blocked. faiss (and
+so PML) ranks in float32, which can order near-ties differently (effect ~1e-5).
 
 All returned values are fractions in [0, 1], as Python floats.
 """
@@ -26,14 +46,15 @@ All returned values are fractions in [0, 1], as Python floats.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 METRICS = ("map_at_r", "precision_at_1", "r_precision")
 
-# Bytes of one float32 similarity block (queries × references) computed at a time (torch path).
+# Bytes of one float32 score block (queries × references) computed at a time (torch path and
+# the exact ranking).
 _BLOCK_BYTES = 256 * 2**20
 
 # CPU path: rows (= columns) of one float32 similarity tile, candidates kept per query beyond
@@ -44,6 +65,8 @@ _PAD_CPU = 4
 _POOL_SLACK = 2**15  # triples a pool may hold beyond Σc_q before it is pruned
 _DENSE_PER_CANDIDATE = 100  # one full-width tile if n ≤ this × mean c_q (see _tile_width)
 _CHUNK_BYTES = 4 * 2**20
+_PAIR_BYTES = 16 * 2**20  # float64 temporaries of one chunk of exact distances
+_DISTINCT_SHARE = 0.25  # at most this share of distinct rows: rank all queries exactly at once
 _NUMPY_ON_CPU = True  # False: the torch path also on CPU (tests)
 
 _U32 = 2.0**-24  # unit roundoff of float32
@@ -62,40 +85,158 @@ def retrieval_metrics(
     """MAP@R, P@1 and R-Precision of ``embeddings`` (n × d) with integer ``labels`` (n,).
 
     ``device`` is where the k-NN search runs (default: the embeddings' device, CPU for numpy).
-    The n × n similarity matrix is never materialised. On CPU (numpy) the search walks the
-    upper triangle of 2048 × 2048 float32 tiles, each serving its rows and its columns, and
-    needs a float32 copy of the embeddings (two without ``normalize``), a GEMM buffer no
-    larger than that copy and a few tens of bytes per (query, needed neighbour); elsewhere
-    (torch) queries are processed in blocks of at most 256 MiB of float32 similarities. Also
-    returns ``num_queries`` (queries with R > 0).
+    Neighbours are ranked by the float64 squared Euclidean distance of the (normalised) rows,
+    ties to the lower index (module docstring); the result is the same on every device. The
+    n × n distance matrix is never materialised: besides a float64 copy of the embeddings and a
+    float32 one (two without ``normalize`` or for collapsed embeddings), the CPU (numpy) search
+    walks the upper triangle of 2048 × 2048 float32 tiles and needs a GEMM buffer no larger
+    than the float32 copy and a few tens of bytes per (query, needed neighbour); elsewhere
+    (torch) queries are processed in blocks of at most 256 MiB of float32 scores. Also returns
+    ``num_queries`` (queries with R > 0).
     """
     x = _as_tensor(embeddings, device)
-    x = x if x.dtype == torch.float64 else x.float()
     y = _as_tensor(labels, x.device).long().reshape(-1)
     if x.ndim != 2 or x.shape[0] != y.shape[0]:
         raise ValueError(
             f"need embeddings (n, d) and labels (n,), got {tuple(x.shape)} and {tuple(y.shape)}"
         )
-    on_numpy = x.device.type == "cpu" and _NUMPY_ON_CPU
-    if not (np.isfinite(x.numpy()).all() if on_numpy else bool(torch.isfinite(x).all())):
+    x = x if x.dtype in (torch.float32, torch.float64) else x.double()
+    xb = _backend(x)
+    if not bool((np.isfinite(xb) if isinstance(xb, np.ndarray) else torch.isfinite(xb)).all()):
         raise ValueError("embeddings contain NaN or infinite values")
-    if on_numpy:
-        _, y_np, counts = np.unique(y.numpy(), return_inverse=True, return_counts=True)
-        R = counts[y_np] - 1  # other items of the query's class
-    else:
-        _, y_t, counts_t = torch.unique(y, return_inverse=True, return_counts=True)
-        R = (counts_t[y_t] - 1).cpu().numpy()
+    _, y_t, counts_t = torch.unique(y, return_inverse=True, return_counts=True)
+    R = (counts_t[y_t] - 1).cpu().numpy()  # other items of the query's class
     num_queries = int((R > 0).sum())
     if num_queries == 0:
         raise ValueError("no query has another item of its class: metrics are undefined")
-    if on_numpy:
-        nbr = _knn_numpy(_factors(x.numpy(), normalize), R)
-        sums = _rank_sums_of(nbr, y_np, R)
+    space = _space(ranked_vectors(x, normalize=normalize), normalize)
+    if x.device.type == "cpu" and _NUMPY_ON_CPU:
+        nbr = _knn_numpy(_factors(space), R)
+        sums = _rank_sums_of(nbr, y_t.numpy(), R)
     else:
-        sums = _sums_torch(x, y_t, torch.as_tensor(R, device=x.device), normalize)
+        sums = _sums_torch(space, y_t, torch.as_tensor(R, device=x.device))
     out = dict(zip(METRICS, (sums / num_queries).tolist(), strict=True))
     out["num_queries"] = num_queries
     return out
+
+
+def ranked_vectors(x: torch.Tensor, *, normalize: bool = True) -> torch.Tensor:
+    """The vectors neighbours are ranked by: float64 rows (n × d), L2-normalised if asked.
+
+    Normalising: row / √(Σ_k row_k²) with the sum taken left to right, each term rounded once,
+    after scaling the row by the power of two that brings its largest |entry| into [0.5, 1)
+    (exact, so for rows whose squares neither overflow nor underflow the result is bit for bit
+    ``row / sqrt(sum)`` unscaled). Zero rows stay zero; −0.0 becomes +0.0. Same device as x.
+    """
+    x64 = x.double()
+    v = _backend(x64)
+    if not normalize:
+        return _as_torch(v + 0.0)
+    out = v * 1.0 if x64 is x else v  # written chunk by chunk (never into the caller's x)
+    for rows in _row_chunks(v):
+        y = v[rows] * _power_of_two(-_row_exponents(v[rows]))[:, None]
+        norm = _correct_sqrt(_sum_rows_left_to_right(y * y))  # ≥ 0.5 unless the row is 0
+        out[rows] = y / _where(norm > 0, norm, 1.0)[:, None] + 0.0
+    return _as_torch(out)
+
+
+def _row_chunks(a: ArrayLike) -> Iterator[slice]:
+    """Row slices of a numpy array with about _CHUNK_BYTES of float64 each (temporaries stay
+    in cache); a tensor (GPU) in one piece."""
+    n = a.shape[0]
+    step = max(1, _CHUNK_BYTES // (8 * a.shape[1])) if isinstance(a, np.ndarray) else max(n, 1)
+    return (slice(lo, lo + step) for lo in range(0, n, step))
+
+
+def _backend(t: torch.Tensor) -> ArrayLike:
+    """A CPU tensor as a numpy array (same memory), any other as it is.
+
+    On CPU the elementwise work runs in numpy: each small torch op is a parallel region, and on
+    a busy machine one of them can wait tens of milliseconds for a thread.
+    """
+    return t.numpy() if isinstance(t, torch.Tensor) and t.device.type == "cpu" else t
+
+
+def _as_torch(a: ArrayLike) -> torch.Tensor:
+    return torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+
+
+def _row_exponents(v: ArrayLike) -> ArrayLike:
+    """int64 e per row with max_k |v_k| = m·2^e, m in [0.5, 1) (e = 0 for zero rows)."""
+    if isinstance(v, np.ndarray):
+        return np.frexp(np.abs(v).max(1))[1].astype(np.int64)
+    return torch.frexp(v.abs().amax(1))[1].long()
+
+
+def _float32(a: ArrayLike) -> ArrayLike:
+    return a.astype(np.float32) if isinstance(a, np.ndarray) else a.float()
+
+
+def _contiguous(a: ArrayLike) -> ArrayLike:
+    return np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a.contiguous()
+
+
+def _where(condition: ArrayLike, a: ArrayLike, b: float) -> ArrayLike:
+    return np.where(condition, a, b) if isinstance(a, np.ndarray) else torch.where(condition, a, b)
+
+
+def _concat(parts: list[ArrayLike]) -> ArrayLike:
+    return np.concatenate(parts) if isinstance(parts[0], np.ndarray) else torch.cat(parts)
+
+
+def _correct_sqrt(a: ArrayLike) -> ArrayLike:
+    """Correctly rounded √a: numpy's and CUDA's double sqrt are, torch's CPU kernel can be
+    1 ulp off (so CPU tensors never reach it here)."""
+    return np.sqrt(a) if isinstance(a, np.ndarray) else a.sqrt()
+
+
+def _power_of_two(e: ArrayLike) -> ArrayLike:
+    """2.0**e exactly (float64, e clamped to the normal range): built from its bits, since
+    ``pow`` and ``ldexp`` need not be exact on every device."""
+    bits = (e.clip(-1022, 1023) + 1023) << 52
+    return bits.view(np.float64) if isinstance(bits, np.ndarray) else bits.view(torch.float64)
+
+
+def _sum_rows_left_to_right(a: ArrayLike) -> ArrayLike:
+    """Σ_k a[i, k] of each row (m × d numpy array or tensor; a may be overwritten), k = 0, 1, …
+    in order, one rounding per addition.
+
+    Hand-written: numpy's pairwise sum, BLAS and torch's reductions each use their own order.
+    numpy's ``add.accumulate`` is this recurrence by definition; torch's ``cumsum`` is a
+    parallel scan on CUDA, so there the columns are added one by one.
+    """
+    if isinstance(a, np.ndarray):
+        return np.add.accumulate(a, axis=1, out=a)[:, -1].copy()
+    columns = a.T.contiguous()
+    acc = columns[0] + 0.0
+    for column in columns[1:]:
+        acc += column
+    return acc
+
+
+def _sq_dist(a: ArrayLike, b: ArrayLike) -> ArrayLike:
+    """Exact ranking distances Σ_k (a_k − b_k)² of the rows of a and b (m × d, float64).
+
+    Left to right in k, each operation rounded once (no FMA): what a plain float64 loop gives,
+    on numpy and on torch alike.
+    """
+    diff = a - b
+    diff *= diff
+    return _sum_rows_left_to_right(diff)
+
+
+def _pair_scores(v: ArrayLike, q: ArrayLike, r: ArrayLike) -> ArrayLike:
+    """Exact scores s = −d(q_i, r_i)/2 of the pairs of 1-D indices (q_i, r_i), float64.
+
+    ``v``: the ranked vectors (n × d), numpy or torch like the indices.
+    """
+    step = max(1, _PAIR_BYTES // (24 * v.shape[1]))
+    parts = [
+        -0.5 * _sq_dist(v[q[p : p + step]], v[r[p : p + step]]) for p in range(0, len(q), step)
+    ]
+    if isinstance(v, torch.Tensor):
+        return torch.cat(parts) if parts else v.new_empty(0)
+    return np.concatenate(parts) if parts else np.empty(0)
 
 
 def _rank_sums(rel: np.ndarray, R: np.ndarray) -> np.ndarray:
@@ -128,21 +269,17 @@ def _rank_sums_of(nbr: np.ndarray, y: np.ndarray, R: np.ndarray) -> np.ndarray:
     return sums
 
 
-def _sums_torch(
-    x: torch.Tensor, y: torch.Tensor, R_all: torch.Tensor, normalize: bool
-) -> np.ndarray:
-    """``_rank_sums`` over all queries, ranked with torch on x's device (``_exact_knn``)."""
-    n = x.shape[0]
-    x64 = x.double()
-    if normalize:
-        x64 = torch.nn.functional.normalize(x64, p=2, dim=1)
-    x32 = x64.float()
+def _sums_torch(space: _Space, y: torch.Tensor, R_all: torch.Tensor) -> np.ndarray:
+    """``_rank_sums`` over all queries, ranked with torch on the space's device."""
+    n = space.n
     k = int(min(int(R_all.max()) + 1, n - 1))  # the largest class size
     block = max(1, _BLOCK_BYTES // (4 * n))
+    at_once = not space.fits32 or space.distinct <= _DISTINCT_SHARE * n
     sums = np.zeros(3)
     for start in range(0, n, block):
-        q = torch.arange(start, min(start + block, n), device=x.device)
-        nn_idx = _exact_knn(x32, x64, q, k, normalize)
+        q = torch.arange(start, min(start + block, n), device=y.device)
+        # few distinct rows, or float32 could overflow: all exactly at once
+        nn_idx = _exact_top_torch(space, q, k) if at_once else _knn_block(space, q, k)
         sums += _rank_sums((y[nn_idx] == y[q, None]).cpu().numpy(), R_all[q].cpu().numpy())
     return sums
 
@@ -152,88 +289,209 @@ def _gamma(m: int, u: float) -> float:
     return m * u / (1 - m * u)
 
 
+@dataclass
+class _Groups:
+    """Items grouped by identical ranked vector (numpy int64): identical rows tie with everyone
+    alike, so the exact ranking scores each distinct vector once."""
+
+    group: np.ndarray  # (n,) group of each item
+    members: np.ndarray  # (n,) items sorted by (group, index)
+    starts: np.ndarray  # (U,) where each group's members begin in ``members``
+    counts: np.ndarray  # (U,) items per group
+
+    @property
+    def reps(self) -> np.ndarray:
+        """(U,) each group's lowest item."""
+        return self.members[self.starts]
+
+
+@dataclass
+class _Approx:
+    """Float64 scores of the distinct vectors relative to their mean, for ``_exact_top``.
+
+    t(g, h) = w_g·w_h − ‖w_g‖²/2 − ‖w_h‖²/2 with w = v − mean (rounded), computed by matrix
+    products: |t − s| ≤ e64_g for the exact score s = −d/2 (bound in ``_approx``).
+    """
+
+    w: np.ndarray  # U × d float64
+    half_sq: np.ndarray  # (U,) ‖w‖²/2
+    e64: np.ndarray  # (U,) bound per query group
+
+
+@dataclass
+class _Space:
+    """The ranked vectors and the float32 search factors over them (torch, one device).
+
+    The float32 score t32 = a_q·b_r approximates s(q, r) + offset, s = −d(q, r)/2, within
+    e32_q for every r (``_space``); a and b may be the same tensor. The exact ranking
+    (``_exact_top``) works on a CPU copy, in numpy.
+    """
+
+    v: torch.Tensor  # n × d float64: the ranked vectors
+    a: torch.Tensor  # n × D float32
+    b: torch.Tensor  # n × D float32
+    offset: float
+    e32: torch.Tensor  # (n,) float64
+    fits32: bool  # float32 scores cannot overflow
+    _cpu: dict[str, object] = field(default_factory=dict, repr=False)
+
+    @property
+    def n(self) -> int:
+        return self.v.shape[0]
+
+    @property
+    def v_np(self) -> np.ndarray:
+        """v as a numpy array (the same memory on CPU)."""
+        if "v" not in self._cpu:
+            self._cpu["v"] = self.v.cpu().numpy()
+        return self._cpu["v"]
+
+    @property
+    def groups(self) -> _Groups:
+        if "groups" not in self._cpu:
+            self._cpu["groups"] = _row_groups(self.v_np)
+        return self._cpu["groups"]
+
+    @property
+    def distinct(self) -> int:
+        """Number of distinct ranked vectors."""
+        return len(self.groups.starts)
+
+    @property
+    def approx(self) -> _Approx:
+        if "approx" not in self._cpu:
+            self._cpu["approx"] = _approx(self.v_np[self.groups.reps])
+        return self._cpu["approx"]
+
+
+def _space(v: torch.Tensor, normalize: bool, x32: torch.Tensor | None = None) -> _Space:
+    """The float32 factors of the ranked vectors v (n × d float64), and their error bounds.
+
+    Two factorisations of t32 ≈ s + offset, s = −d(q, r)/2, the one with the smaller mean β_q
+    (β_q ≥ Σ_k |a_qk||b_rk| for every r; the error grows with it):
+
+    - unit (normalised rows, all of norm 1 ± 2⁻⁴⁰): a = b = v, t = v_q·v_r = s + 1 + O(2⁻⁴⁰),
+      β = 1;
+    - centred: w = v − mean(v), a = [w, −‖w‖²/2, 1], b = [w, 1, −‖w‖²/2], t = −‖w_q − w_r‖²/2
+      = s (offset 0), β_q = (‖w_q‖ + max‖w‖)²/2 — tiny for collapsed embeddings, whose float32
+      scores then still separate them.
+
+    Bound (u = 2⁻²⁴, Higham, Accuracy and Stability, §3.1, any summation order, FMA or not):
+    rounding the factors to float32 moves t by ≤ (2u + u²)β and the float32 dot product adds
+    ≤ γ_D(1 + u)²β, D = number of factor columns; everything float64 (w, ‖w‖², the exact d,
+    the 2⁻⁴⁰ of the unit rows) adds < 4γ_{d+2}(2⁻⁵³)β + 2⁻³⁸β, far below the slack of
+    e32 = 2(γ_D + 3u)β (plus D·2⁻¹²⁵ for flushed subnormals). ``x32``: v in float32, if the
+    caller already has it.
+    """
+    xv = _backend(v)
+    with np.errstate(over="ignore", invalid="ignore"):  # too large for float32: fits32 False
+        mean = xv.mean(0)
+        sq, w_sq = _squared_norms(xv, mean)
+        w_norm = w_sq**0.5
+        beta = (w_norm + w_norm.max()) ** 2 / 2
+        if normalize and float(abs(sq - 1.0).max()) <= 2.0**-40 and float(beta.mean()) >= 1:
+            a = b = _backend(x32) if x32 is not None else _float32(xv)
+            beta, offset = sq * 0 + 1.0, 1.0
+        else:
+            a, b = _centred_factors(xv, mean, w_sq)
+            offset = 0.0
+        beta = beta * (1.0 + 2.0**-40)  # β itself computed in float64
+        D = a.shape[1]
+        e32 = 2 * (_gamma(D, _U32) + 3 * _U32) * beta + D * 2.0**-125
+        finite = np.isfinite if isinstance(a, np.ndarray) else torch.isfinite
+        fits32 = bool(finite(a).all() and finite(b).all() and float(beta.max()) < 2.0**120)
+    a_t = _as_torch(a)
+    b_t = a_t if b is a else _as_torch(b)
+    return _Space(v, a_t, b_t, offset, _as_torch(e32), fits32)
+
+
+def _squared_norms(v: ArrayLike, mean: ArrayLike) -> tuple[ArrayLike, ArrayLike]:
+    """‖v‖² and ‖v − mean‖² of each row, float64 (for bounds only: any summation order)."""
+    sq, w_sq = [], []
+    for rows in _row_chunks(v):
+        w = v[rows] - mean
+        sq.append((v[rows] * v[rows]).sum(1))
+        w_sq.append((w * w).sum(1))
+    return _concat(sq), _concat(w_sq)
+
+
+def _centred_factors(v: ArrayLike, mean: ArrayLike, w_sq: ArrayLike) -> tuple[ArrayLike, ArrayLike]:
+    """Float32 a = [w, −‖w‖²/2, 1] and b = [w, 1, −‖w‖²/2], w = v − mean (n × (d + 2))."""
+    n, d = v.shape
+    if isinstance(v, np.ndarray):
+        a, b = np.empty((n, d + 2), np.float32), np.empty((n, d + 2), np.float32)
+    else:
+        a = torch.empty((n, d + 2), dtype=torch.float32, device=v.device)
+        b = torch.empty_like(a)
+    for rows in _row_chunks(v):
+        a[rows, :d] = b[rows, :d] = v[rows] - mean
+        a[rows, d] = b[rows, d + 1] = -w_sq[rows] / 2
+        a[rows, d + 1] = b[rows, d] = 1.0
+    return a, b
+
+
+def _row_groups(v: np.ndarray) -> _Groups:
+    """Groups of identical rows of v (the ranked vectors, n × d): a 64-bit hash of each
+    vector's bits, checked against the vectors (a collision falls back to comparing bytes)."""
+    n, d = v.shape
+    v = np.ascontiguousarray(v)
+    keys = np.random.default_rng(0).integers(0, 2**63, d, dtype=np.uint64) * 2 + 1
+    step = max(1, _CHUNK_BYTES // (8 * d))
+    h = np.concatenate(  # Σ_k bits_k·key_k modulo 2⁶⁴ (uint64 arithmetic wraps)
+        [(v[lo : lo + step].view(np.uint64) * keys).sum(1) for lo in range(0, n, step)]
+    )
+    _, group = np.unique(h, return_inverse=True)
+    counts = np.bincount(group)
+    members = np.argsort(group, kind="stable")
+    starts = np.cumsum(counts) - counts
+    shared = np.flatnonzero(counts[group] > 1)  # rows whose hash another row has
+    if not np.array_equal(v[shared], v[members[starts][group[shared]]]):  # a hash collision
+        rows = v.view(np.dtype((np.void, 8 * d))).reshape(n)
+        _, group = np.unique(rows, return_inverse=True)
+        counts = np.bincount(group)
+        members = np.argsort(group, kind="stable")
+        starts = np.cumsum(counts) - counts
+    return _Groups(group.reshape(n).astype(np.int64), members, starts, counts)
+
+
+def _approx(w_rows: np.ndarray) -> _Approx:
+    """``_Approx`` of the distinct vectors ``w_rows`` (U × d, before centring).
+
+    Bound: with β_g = (‖w_g‖ + max‖w‖)²/2, the matrix product errs by ≤ γ_d·2β, each ‖w‖²/2
+    by ≤ γ_d·β, the two subtractions and the rounding of w by ≤ 8·2⁻⁵³β, the exact d by
+    ≤ γ_{d+2}·β: all below e64 = 16γ_{d+3}(2⁻⁵³)β (+ d·2⁻¹⁰⁰⁰ for subnormals).
+    """
+    d = w_rows.shape[1]
+    w = w_rows - w_rows.mean(0)
+    half_sq = (w * w).sum(1) / 2
+    norm = np.sqrt(2 * half_sq)
+    beta = (norm + norm.max()) ** 2 / 2 * (1.0 + 2.0**-40)
+    return _Approx(w, half_sq, 16 * _gamma(d + 3, _U64) * beta + d * 2.0**-1000)
+
+
 @dataclass(frozen=True)
 class _Factors:
-    """The CPU path's view of the embeddings x (n × d), see ``_knn_numpy``.
+    """The CPU path's numpy view of a ``_Space`` (same memory), see ``_knn_numpy``."""
 
-    Ranking score of reference r for query q, in float64: s = x̂_q·x̂_r on unit vectors
-    x̂ = x/‖x‖, else s = 2x_q·x_r − ‖x_r‖² (same order as −‖x_q − x_r‖²); ``score`` is the
-    canonical evaluation, ``gemm_score`` a fast one within e64 of it. The float32 search uses
-    the symmetric t = s − shift_q (shift = 0, or ‖x_q‖²) as t32 = a_q·b_r with a = b = x̂, or
-    a = [2x, −‖x‖², −1] and b = [x, 1, ‖x‖²].
-    """
+    space: _Space
+    v: np.ndarray  # n × d float64 ranked vectors
+    a: np.ndarray  # n × D float32
+    b: np.ndarray  # n × D float32
+    e32: np.ndarray  # per query: bound on |t32 − (s + offset)|
+    offset: float
 
-    x: np.ndarray  # n × d input rows, float32 or float64 (not copied)
-    normalize: bool
-    norm: np.ndarray  # float64 ‖x‖ clamped at 1e-12 (normalising), else ones
-    sq: np.ndarray  # float64 ‖x‖² of the raw rows (unused when normalising)
-    a: np.ndarray  # float32 n × D
-    b: np.ndarray  # float32 n × D (the same array when normalising)
-    e32: np.ndarray  # per query: bound on |t32 − t64|
-    e64: np.ndarray  # per query: bound on |float64 GEMM score − canonical score|
-    fits32: bool  # float32 scores cannot overflow
+    @property
+    def n(self) -> int:
+        return self.v.shape[0]
 
-    def rows(self, idx: np.ndarray) -> np.ndarray:
-        """Float64 ranked vectors (x̂ or x) of the items ``idx`` (any shape), shape idx × d."""
-        r = self.x[idx].astype(np.float64)
-        return r / self.norm[idx][..., None] if self.normalize else r
-
-    def score(self, q_rows: np.ndarray, r_idx: np.ndarray) -> np.ndarray:
-        """Canonical float64 scores (m × c) of references ``r_idx`` for queries ``q_rows``.
-
-        ``q_rows`` = rows(q). On unit vectors s = (Σ_k x_rk·x̂_qk)/‖x_r‖, else
-        s = 2Σ_k x_rk·x_qk − ‖x_r‖²: elementwise products summed along the last axis, the same
-        arithmetic for every pair, so identical rows get identical scores (ties by index).
-        """
-        dot = np.multiply(self.x[r_idx], q_rows[:, None, :]).sum(-1)
-        return dot / self.norm[r_idx] if self.normalize else 2.0 * dot - self.sq[r_idx]
-
-    def gemm_score(self, q_rows: np.ndarray, lo: int, hi: int) -> np.ndarray:
-        """Float64 GEMM scores (m × (hi − lo)) of references lo..hi − 1: fast, not canonical."""
-        dot = q_rows @ self.rows(np.arange(lo, hi)).T
-        return dot if self.normalize else 2.0 * dot - self.sq[None, lo:hi]
-
-    def shift(self, q: np.ndarray) -> np.ndarray:
-        """s − t for queries ``q``: 0 on unit vectors, else ‖x_q‖²."""
-        return np.zeros(len(q)) if self.normalize else self.sq[q]
+    @property
+    def d(self) -> int:
+        return self.v.shape[1]
 
 
-def _factors(x: np.ndarray, normalize: bool) -> _Factors:
-    """``_Factors`` of x, built in row chunks (no full float64 copy).
-
-    Error bounds (u = 2⁻²⁴, Higham, Accuracy and Stability, §3.1, any summation order, FMA or
-    not): with β_q ≥ Σ_k |a_qk||b_rk| for every r (β = 1 on unit vectors; (‖x_q‖ + max‖x‖)²
-    else), rounding the factors to float32 moves t by ≤ (2u + u²)β and the float32 dot product
-    adds ≤ γ_D(1 + u)²β; the float64 evaluation of t adds ≤ γ_D(2⁻⁵³)β. All of it is below
-    e32 = 2(γ_D + 3u)β (plus D·2⁻¹²⁵ for flushed subnormals). Two float64 evaluations of s
-    (GEMM vs canonical) differ by ≤ (4γ_d + 2·2⁻⁵³)β < e64 = 8γ_D(2⁻⁵³)β.
-    """
-    n, d = x.shape
-    D = d if normalize else d + 2
-    a = np.empty((n, D), np.float32)
-    b = a if normalize else np.empty((n, D), np.float32)
-    norm, sq = np.ones(n), np.zeros(n)
-    step = max(1, _CHUNK_BYTES // (8 * d))
-    for lo in range(0, n, step):
-        hi = min(lo + step, n)
-        x64 = x[lo:hi].astype(np.float64)
-        if normalize:
-            norm[lo:hi] = np.maximum(np.sqrt((x64 * x64).sum(1)), 1e-12)
-            a[lo:hi] = x64 / norm[lo:hi, None]
-            continue
-        sq[lo:hi] = (x64 * x64).sum(-1)
-        with np.errstate(over="ignore"):  # too large for float32: fits32 is False
-            a[lo:hi, :d], a[lo:hi, d], a[lo:hi, d + 1] = 2.0 * x64, -sq[lo:hi], -1.0
-            b[lo:hi, :d], b[lo:hi, d], b[lo:hi, d + 1] = x64, 1.0, sq[lo:hi]
-    if normalize:
-        beta = np.full(n, 1.0 + 2.0**-40)  # ‖x̂‖ ≤ 1 + d·2⁻⁵³
-    else:
-        length = np.sqrt(sq)
-        beta = (length + length.max()) ** 2 * (1.0 + 2.0**-40)
-    e32 = 2 * (_gamma(D, _U32) + 3 * _U32) * beta + D * 2.0**-125
-    e64 = 8 * _gamma(D, _U64) * beta + D * 2.0**-1020
-    fits32 = bool(np.isfinite(a).all() and np.isfinite(b).all() and beta.max() < 2.0**120)
-    return _Factors(x, normalize, norm, sq, a, b, e32, e64, fits32)
+def _factors(space: _Space) -> _Factors:
+    a, b = space.a.numpy(), space.b.numpy()
+    return _Factors(space, space.v_np, a, b, space.e32.numpy(), space.offset)
 
 
 class _Pool:
@@ -318,11 +576,11 @@ def _query_then_descending(q: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 
 def _knn_numpy(f: _Factors, R: np.ndarray) -> np.ndarray:
-    """Each query's R nearest other items (n × max R int32, ranks > R unset), exact in float64.
+    """Each query's R nearest other items (n × max R int32, ranks > R unset), exact.
 
     Only ranks ≤ R enter MAP@R, R-Precision and P@1, so query q needs its top k_q = R_q.
 
-    Search: float32 t32 = a_q·b_r (``_Factors``) with numpy BLAS over the upper triangle of
+    Search: float32 t32 = a_q·b_r (``_space``) with numpy BLAS over the upper triangle of
     _TILE × _TILE tiles: t is symmetric, so a tile (I, J) serves the queries of I and, read by
     columns, those of J (half the work of a full search). Each query q has a pool of candidates
     and a float32 threshold τ_q that only rises. The diagonal tile gives q the entries of its
@@ -334,24 +592,25 @@ def _knn_numpy(f: _Factors, R: np.ndarray) -> np.ndarray:
     the τ_q of that moment, so each item r that is not a candidate of q has t32(q, r) ≤ θ_q,
     the final τ_q.
 
-    Why this is exact: |t32 − t64| ≤ e32_q for every pair (``_factors``), so a non-candidate
-    has t64 ≤ θ_q + e32_q. If k_q candidates have t64 > θ_q + e32_q, no non-candidate can be
-    in the top k_q, and the candidates ranked by float64 score (ties to the lower index) give
-    the exact top k_q. ``_certified_top_k`` proves this mostly from the float32 scores alone
-    (re-scoring only near-tied candidates), else by re-scoring (``_certify``, then with 4×
-    more candidates, ``_certify_wider``). Queries still unproven (collapsed embeddings, many
-    exact copies) and all queries when float32 could overflow are ranked by
-    ``_rank_exactly``. The factor 2 in e32 also covers the float64 roundings of these
-    comparisons.
+    Why this is exact: |t32 − (s + offset)| ≤ e32_q for every pair, s = −d/2 the exact
+    ranking score (``_space``), so a non-candidate has s + offset ≤ θ_q + e32_q. If k_q
+    candidates have s + offset > θ_q + e32_q, no non-candidate can be in the top k_q, and the
+    candidates sorted by s (ties to the lower index) give the exact top k_q.
+    ``_certified_top_k`` proves this mostly from the float32 scores alone (computing s only
+    for near-tied candidates), else from s of the near candidates (``_certify``, then with 4×
+    more candidates, ``_certify_wider``). Queries still unproven (many exact copies, ties at
+    the boundary) are ranked by ``_rank_exactly``; so are all queries when float32 could
+    overflow, or when at most a quarter of the rows are distinct (identical or duplicated
+    inputs: the float32 search could prove almost nothing).
 
-    Memory: the float32 factors (4 bytes per entry, 8 unnormalised), a GEMM buffer no larger
-    than them (128 to 2048 rows), a mask of ≤ 512 × tile bytes, the pools (12 bytes per
-    triple, about Σc_q + _POOL_SLACK per block) and the n × max R result.
+    Memory: the float32 factors (4 bytes per entry, 8 centred), a GEMM buffer no larger than
+    them (128 to 2048 rows), a mask of ≤ 512 × tile bytes, the pools (12 bytes per triple,
+    about Σc_q + _POOL_SLACK per block) and the n × max R result.
     """
     n = len(R)
     nbr = np.full((n, int(R.max())), -1, np.int32)
     want = np.where(R > 0, np.minimum(R + _PAD_CPU, n - 1), 0)
-    if not f.fits32:
+    if not f.space.fits32 or f.space.distinct <= _DISTINCT_SHARE * n:
         _rank_exactly(f, np.flatnonzero(R > 0), R, nbr)
         return nbr
     tau = np.where(R > 0, -np.inf, np.inf).astype(np.float32)  # R = 0: never a candidate
@@ -372,9 +631,9 @@ def _one_tile(
     nbr: np.ndarray,
 ) -> np.ndarray:
     """Full rows (one tile): each strip of queries is certified as soon as it is computed."""
-    step = _gemm_rows(f, len(f.x))
-    mask = np.empty(min(step, _STRIP) * len(f.x), np.bool_)
-    jobs = [(0, 0, g0) for g0 in range(0, len(f.x), step)]
+    step = _gemm_rows(f, f.n)
+    mask = np.empty(min(step, _STRIP) * f.n, np.bool_)
+    jobs = [(0, 0, g0) for g0 in range(0, f.n, step)]
     failed = []
     for (_, _, g0), t in _gemm_stream(f, jobs, blocks, step):
         for s0 in range(0, len(t), _STRIP):
@@ -473,9 +732,9 @@ def _diagonal_strip(
 ) -> None:
     """Seed the pool of queries ``rows`` with their best c_q items of their own block.
 
-    c = the strip's largest c_q and v = each row's c-th largest t32; the entries with t32 ≥ v
-    are kept, so the pruning after the diagonal tile raises τ to ≥ v above every entry left
-    out.
+    c = the strip's largest c_q and v ≤ each row's c-th largest t32 (``_at_least_c_above``);
+    the entries with t32 ≥ v are kept — at least c per row — so the pruning after the diagonal
+    tile raises τ to ≥ v above every entry left out.
     """
     (r0, r1), (lo, hi) = rows, block
     c, m = int(want[r0:r1].max()), hi - lo
@@ -484,10 +743,21 @@ def _diagonal_strip(
     t[np.arange(r1 - r0), np.arange(r0 - lo, r1 - lo)] = -np.inf  # self
     floor = tau[r0:r1, None]
     if c < m - 1:
-        v = np.partition(t, m - c, axis=1)[:, m - c : m - c + 1]
+        v = _at_least_c_above(t, c)
         floor = np.maximum(floor, np.nextafter(v, np.float32(-np.inf)))  # t ≥ v
     i, j, ts = _above(t, floor, mask_buf)
     pool.add(r0 + i, lo + j, ts)
+
+
+def _at_least_c_above(t: np.ndarray, c: int) -> np.ndarray:
+    """Per row of t (m × w, c < w), a value v with at least c entries ≥ v, close to the c-th
+    largest: the c-th largest of the maxima of 4c disjoint sets of columns (c distinct entries
+    are ≥ it; set j = the columns ≡ j mod 4c). Hand-written: this max-reduction is ~10× cheaper
+    than ``np.partition`` of every row, which dominated the search at CUB size."""
+    blocks = min(4 * c, t.shape[1])
+    width = t.shape[1] // blocks
+    maxima = t[:, : blocks * width].reshape(len(t), width, blocks).max(1)
+    return np.partition(maxima, blocks - c, axis=1)[:, blocks - c : blocks - c + 1]
 
 
 def _off_diagonal_strip(
@@ -540,12 +810,12 @@ def _certified_top_k(
 
     Fast certificate, from the float32 order (candidates t_1 ≥ t_2 ≥ … by t32, e = e32_q):
     split them into runs where consecutive t32 differ by ≤ 2e; let t_end be the last of the
-    run holding rank k. Items of different runs are ordered alike in t32 and t64 (they differ
-    by > 2e); items after that run have t64 < t_end − e, and if t_end > θ_q + 2e every item up
-    to t_end has t64 > θ_q + e ≥ any non-candidate. Then the top k is the t32 order with each
-    run of ≥ 2 items re-sorted by float64 score (ties to the lower index): only those are
-    re-scored. Queries where t_end ≤ θ_q + 2e take ``_certify`` (all near candidates
-    re-scored).
+    run holding rank k. With t64 = s + offset (s the exact score), items of different runs are
+    ordered alike in t32 and t64 (they differ by > 2e); items after that run have
+    t64 < t_end − e, and if t_end > θ_q + 2e every item up to t_end has t64 > θ_q + e ≥ any
+    non-candidate. Then the top k is the t32 order with each run of ≥ 2 items re-sorted by s
+    (ties to the lower index): only those get s. Queries where t_end ≤ θ_q + 2e take
+    ``_certify`` (s of all near candidates).
     """
     lo, hi = block
     q, r, t = pool.prune(want, tau)
@@ -572,7 +842,7 @@ def _certified_top_k(
     in_run[:, :-1] |= link
     i, j = np.nonzero(in_run & ok[:, None] & (np.arange(c) <= end[:, None]))
     if len(i):
-        s = _pair_scores(f, lo + i, C[i, j])
+        s = _pair_scores(f.v, lo + i, C[i, j])
         C[i, j] = C[i, j][np.lexsort((C[i, j], -s, run[i, j], i))]
     good, w = np.flatnonzero(ok), min(c, nbr.shape[1])
     nbr[lo + good, :w] = C[good, :w]
@@ -586,7 +856,7 @@ def _certify_wider(f: _Factors, g: np.ndarray, R: np.ndarray, nbr: np.ndarray) -
 
     θ is the best t32 left out. Returns the queries still not certified.
     """
-    n = len(f.x)
+    n = f.n
     failed = [np.empty(0, np.int64)]
     step = max(1, _CHUNK_BYTES // (4 * n))
     for start in range(0, len(g), step):
@@ -605,16 +875,6 @@ def _certify_wider(f: _Factors, g: np.ndarray, R: np.ndarray, nbr: np.ndarray) -
     return np.concatenate(failed)
 
 
-def _pair_scores(f: _Factors, q: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """Canonical float64 scores of the pairs (q[i], r[i])."""
-    step = max(1, _CHUNK_BYTES // (8 * f.x.shape[1]))
-    parts = [
-        f.score(f.rows(q[p : p + step]), r[p : p + step, None])[:, 0]
-        for p in range(0, len(q), step)
-    ]
-    return np.concatenate(parts) if parts else np.empty(0)
-
-
 def _certify(
     f: _Factors,
     g: np.ndarray,
@@ -624,25 +884,27 @@ def _certify(
     R: np.ndarray,
     nbr: np.ndarray,
 ) -> np.ndarray:
-    """Certify queries ``g`` by re-scoring candidates; write their top R; return the failures.
+    """Certify queries ``g`` from exact scores of candidates; write their top R; return the
+    failures.
 
     ``cand``/``t32``: each query's candidates (−1: none) sorted by t32 descending; ``theta``:
-    a bound on the t32 of every non-candidate. Only candidates with t32 ≥ T_k − 2·e32 are
-    re-scored (T_k: the k-th best t32, k = R): any other has t64 < T_k − e32 ≤ the t64 of each
-    of the k candidates with t32 ≥ T_k. Then the k-th best t64 must exceed θ + e32
-    (``_knn_numpy``).
+    a bound on the t32 of every non-candidate. Only candidates with t32 ≥ T_k − 2·e32 get their
+    exact score s (T_k: the k-th best t32, k = R): any other has s + offset < T_k − e32 ≤ that
+    of each of the k candidates with t32 ≥ T_k. Then the k-th best s + offset must exceed
+    θ + e32 (``_knn_numpy``).
     """
     failed = [np.empty(0, np.int64)]
-    step = max(1, _CHUNK_BYTES // (8 * max(1, cand.shape[1]) * f.x.shape[1]))
+    step = max(1, _CHUNK_BYTES // (8 * max(1, cand.shape[1]) * f.d))
     for start in range(0, len(g), step):
         rows = slice(start, start + step)
         gq, k = g[rows], R[g[rows]]
         t_k = t32[rows][np.arange(len(gq)), k - 1]
         idx = np.where(t32[rows] >= (t_k - 2 * f.e32[gq])[:, None], cand[rows], -1)
         valid = idx >= 0
-        s = f.score(f.rows(gq), np.where(valid, idx, gq[:, None]))
-        s, idx = _sort_by_score_then_index(np.where(valid, s, -np.inf), idx, len(f.x))
-        kth = s[np.arange(len(gq)), k - 1] - f.shift(gq)
+        s = np.full(idx.shape, -np.inf)
+        s[valid] = _pair_scores(f.v, np.broadcast_to(gq[:, None], idx.shape)[valid], idx[valid])
+        s, idx = _sort_by_score_then_index(s, idx, f.n)
+        kth = s[np.arange(len(gq)), k - 1] + f.offset
         ok = kth > theta[rows] + f.e32[gq]
         w = min(idx.shape[1], nbr.shape[1])
         nbr[gq[ok], :w] = idx[ok, :w]
@@ -651,124 +913,130 @@ def _certify(
 
 
 def _rank_exactly(f: _Factors, queries: np.ndarray, R: np.ndarray, nbr: np.ndarray) -> None:
-    """Exact top R of ``queries`` over all items, in chunks of 64 queries.
+    """nbr[q, :R_q] ← the exact top R_q of each query q in ``queries`` (``_exact_top``)."""
+    if len(queries):
+        top = _exact_top(f.space, queries.astype(np.int64), R[queries].astype(np.int64))
+        nbr[queries, : top.shape[1]] = top
 
-    Float64 GEMM scores find each query's k-th best g_k; every item with GEMM score
-    ≥ g_k − 2·e64 is re-scored canonically and the best k are taken (ties to the lower index).
-    Exact: a skipped item has canonical score < g_k − e64 ≤ the canonical score of each of the
-    k items whose GEMM score is ≥ g_k, and those k are all re-scored.
+
+def _exact_top_torch(space: _Space, q: torch.Tensor, k: int) -> torch.Tensor:
+    """``_exact_top`` of queries q (a tensor), each its top k, on q's device."""
+    top = _exact_top(space, q.cpu().numpy(), np.full(len(q), k, np.int64))
+    return torch.from_numpy(top).to(q.device)
+
+
+def _exact_top(space: _Space, queries: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Exact top k[i] of each query (len(queries) × max k int64, −1 beyond k[i]), ties to the
+    lower index. Numpy, on the CPU copy of the ranked vectors.
+
+    Queries with the same ranked vector share one ranking of all items (their own included):
+    ``_group_lists`` gives each such group its best max k + 1, and each query takes them in
+    order, skipping itself. Blocks of at most _BLOCK_BYTES / 48 bytes per item of groups.
     """
-    n, d = f.x.shape
-    for start in range(0, len(queries), 64):
-        g = queries[start : start + 64]
-        q_rows, k = f.rows(g), R[g]
-        step = max(1, _CHUNK_BYTES // (8 * max(len(g), d)))
-        best = np.full((len(g), int(k.max())), -np.inf)
-        for lo in range(0, n, step):  # pass 1: k-th best GEMM score
-            s = _gemm_without_self(f, q_rows, g, lo, min(lo + step, n))
-            both = np.concatenate([best, s], axis=1)
-            best = np.partition(both, both.shape[1] - best.shape[1], axis=1)[:, -best.shape[1] :]
-        best = -np.sort(-best, axis=1)
-        floor = best[np.arange(len(g)), k - 1] - 2 * f.e64[g]
-        hits_q, hits_r = [], []
-        for lo in range(0, n, step):  # pass 2: everything that can be in the top k
-            s = _gemm_without_self(f, q_rows, g, lo, min(lo + step, n))
-            i, j = np.nonzero(s >= floor[:, None])
-            hits_q.append(i)
-            hits_r.append(lo + j)
-        _write_best(f, g, q_rows, np.concatenate(hits_q), np.concatenate(hits_r), k, nbr)
+    groups = space.groups
+    out = np.full((len(queries), int(k.max())), -1, np.int64)
+    query_groups, inv = np.unique(groups.group[queries], return_inverse=True)
+    inv = inv.reshape(-1)
+    K = np.zeros(len(query_groups), np.int64)
+    np.maximum.at(K, inv, k + 1)
+    order = np.argsort(inv, kind="stable")
+    bounds = np.searchsorted(inv[order], np.arange(len(query_groups) + 1))
+    block = max(1, _BLOCK_BYTES // (48 * space.n))
+    for b0 in range(0, len(query_groups), block):
+        b1 = min(b0 + block, len(query_groups))
+        lists = _group_lists(space, query_groups[b0:b1], K[b0:b1])
+        sel = order[bounds[b0] : bounds[b1]]  # the queries of these groups
+        ranked = lists[inv[sel] - b0]
+        keep = (ranked >= 0) & (ranked != queries[sel, None])
+        rank = keep.cumsum(1) - 1
+        i, j = np.nonzero(keep & (rank < k[sel, None]))
+        out[sel[i], rank[i, j]] = ranked[i, j]
+    return out
 
 
-def _gemm_without_self(
-    f: _Factors, q_rows: np.ndarray, g: np.ndarray, lo: int, hi: int
-) -> np.ndarray:
-    s = f.gemm_score(q_rows, lo, hi)
-    own = (g >= lo) & (g < hi)
-    s[np.flatnonzero(own), g[own] - lo] = -np.inf
-    return s
+def _group_lists(space: _Space, gid: np.ndarray, K: np.ndarray) -> np.ndarray:
+    """Best K[i] items of the ranking from group gid[i]'s vector (m × max K, −1 padded).
+
+    Float64 scores t of the group against every distinct vector (``_Approx``, |t − s| ≤ e64)
+    pick the candidates: τ = the K-th best t (each group has ≥ 1 item, so the K best groups
+    hold ≥ K items) and every group with t ≥ τ − 2e64; any other group has s < τ − e64 ≤ s of
+    each of those K groups, so none of its items can place. Candidates get their exact score
+    s; their items (at most K per group, the lowest indices) are sorted by s descending, then
+    index, and the first K kept.
+    """
+    groups, approx = space.groups, space.approx
+    U = len(groups.starts)
+    t = approx.w[gid] @ approx.w.T
+    t -= approx.half_sq[gid, None]
+    t -= approx.half_sq[None, :]
+    kc = min(int(K.max()), U)
+    best = -np.sort(-np.partition(t, U - kc, axis=1)[:, U - kc :], axis=1)  # kc best, sorted
+    tau = best[np.arange(len(gid)), np.minimum(K, kc) - 1]
+    tau[K > U] = -np.inf  # fewer groups than K: all of them
+    i, h = np.nonzero(t >= (tau - 2 * approx.e64[gid])[:, None])
+    reps = groups.reps
+    s = _pair_scores(space.v_np, reps[gid[i]], reps[h])
+    take = np.minimum(groups.counts[h], K[i])  # a group's lowest-index items come first
+    pair = np.repeat(np.arange(len(i)), take)
+    within = np.arange(len(pair)) - np.repeat(np.cumsum(take) - take, take)
+    r = groups.members[groups.starts[h][pair] + within]
+    row = i[pair]
+    order = np.lexsort((r, -s[pair], row))  # by row, s descending, index
+    row, r = row[order], r[order]
+    rank = _rank_within_runs(row)
+    keep = rank < K[row]
+    lists = np.full((len(gid), int(K.max())), -1, np.int64)
+    lists[row[keep], rank[keep]] = r[keep]
+    return lists
 
 
-def _write_best(
-    f: _Factors,
-    g: np.ndarray,
-    q_rows: np.ndarray,
-    i: np.ndarray,
-    r: np.ndarray,
-    k: np.ndarray,
-    nbr: np.ndarray,
-) -> None:
-    """nbr[g[i]] ← the k best of the pairs (g[i], r) by canonical score, ties by index."""
-    step = max(1, _CHUNK_BYTES // (8 * q_rows.shape[1]))
-    s = np.concatenate(
-        [
-            f.score(q_rows[i[p : p + step]], r[p : p + step, None])[:, 0]
-            for p in range(0, len(i), step)
-        ]
-    )
-    order = np.lexsort((r, -s, i))
-    i, r = i[order], r[order]
-    rank = _rank_within_runs(i)
-    top = rank < k[i]
-    nbr[g[i[top]], rank[top]] = r[top]
+_PAD = 8  # extra float32 candidates per query before the exact re-ranking (torch path)
 
 
-_PAD = 8  # extra float32 candidates per query before the float64 re-ranking (torch path)
-
-
-def _score64(x64: torch.Tensor, q: torch.Tensor, r: torch.Tensor, normalize: bool) -> torch.Tensor:
-    """Float64 ranking score of references ``r`` (len(q) × c indices) for queries ``q``."""
-    if r.shape[1] == x64.shape[0]:  # every item: one matrix product, no gathered copy
-        dot = x64[q] @ x64.T
-        sq = (x64 * x64).sum(1)[None, :]
-    else:
-        dot = torch.bmm(x64[r], x64[q].unsqueeze(2)).squeeze(2)
-        sq = (x64[r] ** 2).sum(-1)
-    return dot if normalize else 2.0 * dot - sq
-
-
-def _exact_knn(
+def exact_knn(
     x32: torch.Tensor, x64: torch.Tensor, q: torch.Tensor, k: int, normalize: bool
 ) -> torch.Tensor:
-    """Indices (len(q) × k) of each query's k nearest other items, exact in float64.
+    """Indices (len(q) × k) of each query's k nearest other items, exact, ties to lower index.
 
-    Score s(q, r) = q·r on unit vectors (same order as −‖q − r‖²), else 2q·r − ‖r‖². A float32
-    pass keeps the top c = k + 8 candidates; they are re-scored in float64 and sorted (ties by
-    index). Why this is exact: with u = 2⁻²⁴ and γ_d = d·u/(1 − d·u), a float32 score of
-    rounded inputs is within e = 2(γ_d + 3u)(2‖q‖·M + M²) of the float64 score, M = max ‖r‖
-    (Higham, Accuracy and Stability, §3.1; the bound holds for any summation order). Every
-    non-candidate r has s32(r) ≤ s, the lowest candidate's float32 score, so its float64 score
-    is ≤ s + e. If the k-th best float64 candidate score exceeds s + e, no non-candidate can
-    enter the top k. Queries where this check fails retry once with 4× more candidates, then
-    are ranked over all items in float64 (one matrix product per block of such queries).
+    ``x64``: the ranked vectors (n × d float64, e.g. ``ranked_vectors``; used as given),
+    ``x32``: the same in float32, ``q``: query indices, all on one device. Ranking: ascending
+    float64 squared distance Σ_k (x_qk − x_rk)² summed left to right (module docstring), the
+    same quantity on every device. ``normalize``: the rows are unit vectors (a tighter
+    float32 factorisation may be used); either value gives the same result. Builds the
+    float32 factors each call (O(n·d)); see ``_knn_block``.
     """
-    n, d = x32.shape
-    dev = x32.device
-    s32 = x32[q] @ x32.T
-    if not normalize:
-        s32 = 2.0 * s32 - (x32 * x32).sum(1)[None, :]
-    s32[torch.arange(len(q), device=dev), q] = -torch.inf  # exclude self
-    gamma = d * _U32 / (1 - d * _U32)
-    M = x64.norm(dim=1).max()
-    e = 2 * (gamma + 3 * _U32) * (2 * x64[q].norm(dim=1) * M + M * M)
+    return _knn_block(_space(x64, normalize, x32), q, k)
+
+
+def _knn_block(space: _Space, q: torch.Tensor, k: int) -> torch.Tensor:
+    """``exact_knn`` of queries ``q`` (len(q) × k) in a prepared space.
+
+    A float32 pass keeps the top c = k + 8 candidates and θ, the best float32 score left out;
+    the candidates get their exact score s and are sorted (ties by index). Exact if the k-th
+    best s + offset exceeds θ + e32_q: every non-candidate has s + offset ≤ θ + e32_q
+    (``_space``). Queries where this fails retry once with 4× more candidates, then take
+    ``_exact_top``.
+    """
+    n, dev = space.n, q.device
+    if not space.fits32:
+        return _exact_top_torch(space, q, k)
+    t = space.a[q] @ space.b.T
+    t[torch.arange(len(q), device=dev), q] = -torch.inf  # exclude self
     best = torch.empty(len(q), k, dtype=torch.long, device=dev)
     todo = torch.arange(len(q), device=dev)
     c = min(k + _PAD, n - 1)
-    while len(todo):
-        if 2 * c >= n or c > 4 * (k + _PAD):  # the rest: all items in float64 (one matmul)
-            full = _score64(
-                x64, q[todo], torch.arange(n, device=dev).expand(len(todo), n), normalize
-            )
-            full[torch.arange(len(todo), device=dev), q[todo]] = -torch.inf
-            best[todo] = torch.sort(-full, dim=1, stable=True).indices[:, :k]
-            break
-        cand_s32, cand = s32[todo].topk(c, dim=1)
-        cand = cand.sort(dim=1).values  # index order, so the stable sort breaks ties by index
-        s64, order = _score64(x64, q[todo], cand, normalize).sort(
-            dim=1, descending=True, stable=True
-        )
-        sure = s64[:, k - 1] > cand_s32[:, -1].double() + e[todo]
+    for _ in range(2):
+        t32, cand = t[todo].topk(c + 1, dim=1)  # c + 1 ≤ n; self (−inf) is last if c = n − 1
+        cand, theta = cand[:, :c].sort(dim=1).values, t32[:, c].double()  # index order
+        qs = q[todo, None].expand(-1, c)
+        s = _pair_scores(space.v, qs.reshape(-1), cand.reshape(-1)).reshape(cand.shape)
+        s, order = s.sort(dim=1, descending=True, stable=True)  # ties: index order
+        sure = s[:, k - 1] + space.offset > theta + space.e32[q[todo]]
         best[todo[sure]] = cand.gather(1, order)[sure, :k]
         todo, c = todo[~sure], min(4 * c, n - 1)
+        if len(todo) == 0:
+            return best
+    best[todo] = _exact_top_torch(space, q[todo], k)
     return best
 
 
