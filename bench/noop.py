@@ -22,6 +22,7 @@ def noop_train_fold(spec: FoldSpec, on_validation=None) -> FoldResult:
         1,
         {"map_at_r": value, "precision_at_1": value, "r_precision": value},
         checkpoint=str(Path(spec.workdir) / "best.pt"),
+        objective=value,
     )
 
 

@@ -136,11 +136,6 @@ class Registry(Generic[T]):
         """Remove ``name`` if registered (tests register throwaway plug-ins)."""
         self._entries.pop(name, None)
 
-    @property
-    def _factories(self) -> dict[str, Entry]:
-        """The entries by name (older tests unregister with ``_factories.pop(name)``)."""
-        return self._entries
-
     # --- lookups ---------------------------------------------------------------------------
 
     def available(self) -> list[str]:

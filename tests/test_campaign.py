@@ -398,13 +398,14 @@ def campaign_nan():
     """Registered only while the test runs: other tests list every registered loss."""
     losses.register("test_campaign_nan", batch="pair")(_exploding)
     yield
-    losses.LOSSES._factories.pop("test_campaign_nan", None)
+    losses.LOSSES.unregister("test_campaign_nan")
 
 
 def test_a_failed_study_is_reported_and_the_others_go_on(tmp_path, campaign_nan):
     doc = campaign_doc(losses=["test_campaign_nan", "contrastive"])
     path = write(tmp_path, doc)
     url, art = f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path / "art"
+    store.connect(url).dispose()  # status only reads: a missing store file is refused
     out = cli("campaign", "status", path, "--storage", url).output
     assert out.count("not started") >= 2 and "2 studies: 2 not started" in out
     r = cli("campaign", "run", path, "--storage", url, "--artifacts", art, "--quiet", code=1)

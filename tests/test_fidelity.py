@@ -183,7 +183,7 @@ def _nan_after(*, num_classes: int, embedding_size: int, nan_after: int = 0, mar
 def nan_after_loss():
     losses.register("test_nan_after", batch="pair")(_nan_after)
     yield "test_nan_after"
-    losses.LOSSES._factories.pop("test_nan_after", None)
+    losses.LOSSES.unregister("test_nan_after")
 
 
 def test_a_non_finite_trial_is_complete_with_0_and_the_next_suggestion_saw_it(

@@ -44,7 +44,7 @@ def _run(tmp_path, monkeypatch, pruner: str):
         trained.append((params["pos_margin"], fold))
         value = params["pos_margin"] + fold / 100
         best = {"map_at_r": value, "precision_at_1": value, "r_precision": value}
-        return FoldResult("complete", None, 1, best)
+        return FoldResult("complete", None, 1, best, objective=value)
 
     monkeypatch.setattr(S, "run_fold", scored_fold)
     url = f"sqlite:///{tmp_path / pruner}.db"

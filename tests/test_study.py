@@ -83,8 +83,16 @@ def test_search_stores_trials_folds_and_epochs(finished_study):
     assert [t.state for t in trials] == ["complete", "complete"]
     folds = [f for f in rows(url, FoldRun) if f.kind == "search"]
     assert len(folds) == 8 and all(f.status == "complete" for f in folds)
-    for t in trials:  # objective = mean of the 4 folds' best val MAP@R, SEM stored
-        mine = [f.map_at_r for f in folds if f.params_hash == t.params_hash]
+    for t in trials:  # objective = mean of the 4 folds' best trained val MAP@R, SEM stored
+        mine = [f.objective for f in folds if f.params_hash == t.params_hash]
+        epochs = {  # the objective ignores the untrained epoch 0, as the reference's aggregator
+            f.params_hash + str(f.fold): max(
+                e.map_at_r for e in rows(url, EpochMetric) if e.fold_run_id == f.id and e.epoch >= 1
+            )
+            for f in folds
+            if f.params_hash == t.params_hash
+        }
+        assert sorted(mine) == sorted(epochs.values())
         assert t.value == pytest.approx(np.mean(mine)) and t.sem == pytest.approx(stats.sem(mine))
     epochs = rows(url, EpochMetric)
     assert len(epochs) == 16 * 3  # 8 search + 8 test folds, epochs 0, 1, 2
@@ -147,6 +155,8 @@ def test_report_formats_and_ci_against_scipy(finished_study, tmp_path):
     assert list(table.columns) == [
         "study",
         "dataset",
+        "protocol",
+        "protocol_fields",
         "loss",
         "strategy",
         "pruner",
@@ -161,7 +171,12 @@ def test_report_formats_and_ci_against_scipy(finished_study, tmp_path):
         "best_row",
         "p_value",
         "not_worse",
+        "complete_trials",
+        "nonfinite_trials",
     ]
+    baseline = table[table["loss"] == "random_init"]  # the untrained tiny_cnn, first, n = 1
+    assert len(baseline) == 6 and (baseline["n"] == 1).all() and baseline["half_width"].isna().all()
+    table = table[table["loss"] != "random_init"]
     assert len(table) == 6 and (table["n"] == 2).all()
     stored = [r for r in rows(url, TestResult) if r.fold == -1]
     for _, row in table.iterrows():
@@ -248,7 +263,7 @@ def maybe_nan_loss():
     """Registered only while the test runs: other tests list every registered loss."""
     losses.register("test_maybe_nan", batch="pair")(_maybe_nan)
     yield "test_maybe_nan"
-    losses.LOSSES._factories.pop("test_maybe_nan", None)
+    losses.LOSSES.unregister("test_maybe_nan")
 
 
 def test_non_finite_trial_is_scored_0_with_its_reason_and_the_study_goes_on(
@@ -290,7 +305,8 @@ def test_postgresql_store_gets_the_same_rows(tmp_path, postgres_url):
     assert len(rows(postgres_url, FoldRun)) == 4 + 8
     assert len(rows(postgres_url, TestResult)) == 2 * 6
     csv = cli("report", "--storage", postgres_url, "--study", "pg", "--format", "csv").output
-    assert len(pd.read_csv(io.StringIO(csv))) == 6
+    table = pd.read_csv(io.StringIO(csv))  # 6 rows of the study + 6 of its untrained baseline
+    assert len(table) == 12 and (table["loss"] == "random_init").sum() == 6
 
 
 def test_newer_schema_version_is_refused(tmp_path):
@@ -299,7 +315,8 @@ def test_newer_schema_version_is_refused(tmp_path):
     with store.session(engine) as s:
         s.get(store.Meta, "schema_version").value = "99"
     with pytest.raises(
-        store.StoreError, match="written by mlrc schema version 99, this mlrc reads version 2"
+        store.StoreError,
+        match=f"written by mlrc schema version 99, this mlrc reads version {store.SCHEMA_VERSION}",
     ):
         store.connect(url)
 

@@ -127,7 +127,7 @@ def collapse_loss():
         lambda *, num_classes, embedding_size: _Collapse()
     )
     yield "test_collapse"
-    losses.LOSSES._factories.pop("test_collapse", None)
+    losses.LOSSES.unregister("test_collapse")
 
 
 def naive_map_at_r(x: np.ndarray, y: np.ndarray) -> float:
@@ -207,7 +207,7 @@ def nan_at_3():
     """Registered only while the test runs: other tests list every registered loss."""
     losses.register("test_nan_at_3", batch="pair")(_nan_loss)
     yield "test_nan_at_3"
-    losses.LOSSES._factories.pop("test_nan_at_3", None)
+    losses.LOSSES.unregister("test_nan_at_3")
 
 
 def test_non_finite_loss_fails_the_fold_with_the_iteration(glyphs, tmp_path, nan_at_3):

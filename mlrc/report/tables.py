@@ -136,7 +136,7 @@ LEGEND = [
     "Values in %: mean ± half-width of the 95% Student-t confidence interval over the n "
     "reproductions (separated: mean of the four 128-D fold models; concatenated: their 512-D "
     "concatenation).",
-    "Bold: best mean in its column within the block (a dataset, or one protocol of it). "
+    "Bold: best mean in its column within its block. "
     "Underlined: the block's best row (highest concatenated MAP@R).",
     f"{DAGGER} not significantly worse than the column's best at p ≥ 0.05 (Welch's t-test over "
     "reproductions); the best row itself is not marked.",

@@ -237,7 +237,7 @@ def _unstable_loss():
     loss (one study file and one search space per loss)."""
     losses.register("rt_unstable", batch="pair")(_unstable)
     yield
-    losses.LOSSES._factories.pop("rt_unstable", None)
+    losses.LOSSES.unregister("rt_unstable")
 
 
 @pytest.fixture(scope="module")

@@ -237,8 +237,9 @@ def test_servers_made_in_code_default_to_localhost():
     for module, tree in modules():
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                args = node.args.args + node.args.kwonlyargs
-                defaults = [None] * (len(node.args.args) - len(node.args.defaults))
+                positional = node.args.posonlyargs + node.args.args
+                args = positional + node.args.kwonlyargs
+                defaults = [None] * (len(positional) - len(node.args.defaults))
                 defaults += node.args.defaults + node.args.kw_defaults
                 for arg, default in zip(args, defaults, strict=True):
                     if re.search(r"host|bind", arg.arg) and not _localhost(default):
