@@ -396,8 +396,9 @@ def _knn_blocks(
 def _knn64(x64: torch.Tensor, q: torch.Tensor, k: int, normalize: bool) -> torch.Tensor:
     """Indices (len(q) × k) of each query's k nearest other items from float64 scores.
 
-    Score as ``metrics._score64``: q·r on unit vectors, else 2q·r − ‖r‖² (same order as
-    −‖q − r‖²). Exact ties go to the lower index: the top k are re-sorted by index, then stably by
+    Score: q·r on unit vectors, else 2q·r − ‖r‖² (same order as −‖q − r‖²; float64 dot
+    products, not ``metrics``' canonical squared distances, so exact ties of collapsed sets may
+    still rank differently on CPU and GPU here). Exact ties go to the lower index: the top k are re-sorted by index, then stably by
     score; a row whose k-th score ties with a score outside the top k is sorted in full.
     """
     n = x64.shape[0]
