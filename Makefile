@@ -20,6 +20,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check mlrc tests bench
 	$(BIN)/ruff format --check mlrc tests bench
+	$(BIN)/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(abspath $(VENV))/site
 	$(BIN)/python -m pytest -q
 

@@ -41,7 +41,7 @@ from mlrc.config import load_preset  # noqa: E402
 from mlrc.data.transforms import to_trunk_input, train_transform  # noqa: E402
 from mlrc.methods import losses, samplers  # noqa: E402
 from mlrc.protocol import mlrc_split  # noqa: E402
-from mlrc.train.fold import FoldSpec, _Indexed, _View, build_model, train_fold  # noqa: E402
+from mlrc.train.fold import FoldSpec, View, _Indexed, build_model, train_fold  # noqa: E402
 
 LOSS = "contrastive"
 SEED = 0
@@ -69,7 +69,7 @@ def bare_loop(ds, fold, preset, device: str) -> list[float]:
     im = model.trunk.input_spec
     p = preset.image
     t = train_transform(p.resize, p.crop, p.scale, p.ratio, p.flip, im, uint8=True)
-    view = _View(ds, fold.train_classes, t)  # uint8 batches, normalised below: as train_fold
+    view = View(ds, fold.train_classes, t)  # uint8 batches, normalised below: as train_fold
     sampler = samplers.build(
         "m_per_class",
         labels=view.labels,

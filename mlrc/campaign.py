@@ -30,10 +30,10 @@ from mlrc.config import (
     SamplerRef,
     SearchSpec,
     StrategyRef,
+    Strict,
     StudyConfig,
     TestSpec,
-    _format_error,
-    _Strict,
+    format_error,
     load_yaml,
     not_a_mapping,
     resolve,
@@ -80,7 +80,7 @@ def _named(items: Any) -> Any:
     return items
 
 
-class CampaignConfig(_Strict):
+class CampaignConfig(Strict):
     """A campaign file, validated (study-level checks happen in :func:`resolve_campaign`)."""
 
     name: str = Field(min_length=1, max_length=128, pattern=NAME_PATTERN)
@@ -111,7 +111,7 @@ class CampaignConfig(_Strict):
 
 def _format(source: str, err: ValidationError) -> str:
     """One line naming the file and key; unknown keys get a "did you mean" (also in lists)."""
-    return _format_error(source, err, CampaignConfig)
+    return format_error(source, err, CampaignConfig)
 
 
 def parse_campaign(
@@ -282,7 +282,7 @@ def register(engine: Any, cfg: CampaignConfig, plan: list[tuple[Cell, ResolvedSt
     from sqlalchemy import delete
 
     from mlrc import store
-    from mlrc.search.study import StudyError, _first_difference, _register
+    from mlrc.search.study import StudyError, first_difference, register_study
 
     with store.session(engine) as s:
         for _, resolved in plan:
@@ -291,10 +291,10 @@ def register(engine: Any, cfg: CampaignConfig, plan: list[tuple[Cell, ResolvedSt
             if row is not None and store.canonical_json(row.config) != store.canonical_json(config):
                 raise StudyError(
                     f"study {resolved.study.name!r} already exists in the store with a "
-                    f"different configuration ({_first_difference(row.config, config)}); "
+                    f"different configuration ({first_difference(row.config, config)}); "
                     "give the campaign a new name"
                 )
-    ids = [_register(engine, resolved) for _, resolved in plan]
+    ids = [register_study(engine, resolved) for _, resolved in plan]
     campaign_config = cfg.model_dump(mode="json", by_alias=True)
 
     def write(s: Any) -> None:
@@ -415,7 +415,7 @@ def print_grid(engine: Any, name: str, grid: list[Cell]) -> dict[str, Progress]:
     reason in full below it, and a summary line. Returns each study's progress."""
     from rich.table import Table
 
-    from mlrc.cli import console
+    from mlrc.terminal import console
 
     states = {c.name: progress(engine, c.name) for c in grid}
     columns = list(dict.fromkeys(c.column for c in grid))
@@ -476,14 +476,21 @@ def campaign_run(
     """Run (or resume) every study of the campaign: search, then test stage, one after another.
     Exit 1 if a study failed (the others still run)."""
     from mlrc import store
-    from mlrc.cli import _fail, _print_report, _user_errors, check_artifacts, check_device, console
+    from mlrc.terminal import (
+        check_artifacts,
+        check_device,
+        console,
+        fail,
+        print_report,
+        user_errors,
+    )
 
     if backend not in ("local", "ray"):
-        _fail(f"unknown backend {backend!r} (local or ray)")
+        fail(f"unknown backend {backend!r} (local or ray)")
     if backend == "local" or address is None:  # a remote Ray cluster's GPUs are not ours to see
         check_device(device)
     check_artifacts(artifacts)
-    with _user_errors():
+    with user_errors():
         cfg = load_campaign(campaign_file)
         plan = resolve_campaign(cfg, str(campaign_file))
         engine = store.connect(storage)
@@ -517,7 +524,7 @@ def campaign_run(
         states = print_grid(engine, cfg.name, [c for c, _ in plan])
         tested = [c.name for c, _ in plan if states[c.name].state == "done"]
         if tested:
-            _print_report(engine, tested, "md")
+            print_report(engine, tested, "md")
     if failures:
         raise typer.Exit(1)
 
@@ -565,13 +572,13 @@ def _run_study(
 ) -> str | None:
     """Search then test stage of one study; the reason it failed, or None. Errors of the
     study itself (its dataset, its lock, its trials) are returned; store errors propagate."""
-    from mlrc.cli import _print_status_by_name, console
     from mlrc.data.base import DatasetError
     from mlrc.errors import worker_message
     from mlrc.protocol import SplitError
     from mlrc.registry import RegistryError
     from mlrc.search.study import StudyError, open_study, run_search, run_test
     from mlrc.store import StoreError
+    from mlrc.terminal import console, print_status_by_name
 
     try:
         with open_study(resolved, storage, artifacts, device, progress=not quiet) as ctx:
@@ -581,7 +588,7 @@ def _run_study(
                 run_search_ray(ctx, **ray_options)
             else:
                 run_search(ctx)
-            _print_status_by_name(ctx.engine, ctx.name)
+            print_status_by_name(ctx.engine, ctx.name)
             p = progress(ctx.engine, ctx.name)
             if p.state == "failed":
                 return p.text.removeprefix("failed: ")
@@ -605,14 +612,14 @@ def campaign_status(
 ) -> None:
     """The grid (rows: loss [+ strategy], columns: datasets) with each study's progress."""
     from mlrc import store
-    from mlrc.cli import _fail, _user_errors
+    from mlrc.terminal import fail, user_errors
 
-    with _user_errors():
+    with user_errors():
         engine = store.connect(storage, read_only=True)
         if campaign.endswith((".yaml", ".yml")):
             cfg = load_campaign(campaign, check_roots=False)
         else:
             cfg = stored_campaign(engine, campaign)
             if cfg is None:
-                _fail(f"no campaign {campaign!r} in {store.redact(storage)}")
+                fail(f"no campaign {campaign!r} in {store.redact(storage)}")
         print_grid(engine, cfg.name, cells(cfg, campaign))

@@ -10,10 +10,8 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from rich.text import Text
 from typer.core import TyperGroup
 
 from mlrc import data
@@ -21,6 +19,16 @@ from mlrc.data.base import DatasetError
 from mlrc.errors import first_line, worker_message
 from mlrc.protocol import SplitError, confidence_interval, mlrc_split, retrieval_metrics
 from mlrc.registry import RegistryError
+from mlrc.terminal import (
+    check_artifacts,
+    check_device,
+    console,
+    err_console,
+    fail,
+    print_report,
+    print_status_by_name,
+    user_errors,
+)
 
 # --- the boundary: any unexpected exception becomes one line ----------------------------------
 
@@ -154,84 +162,17 @@ def _options(
 
 data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, summarise, check.")
 app.add_typer(data_app, name="data")
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True, emoji=False)  # one line, as written
 
 DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="dataset name (mlrc data list)")]
 RootOpt = Annotated[Path | None, typer.Option("--root", help="dataset root (folder or zip)")]
 SchemeOpt = Annotated[str, typer.Option(help="fold scheme: kfold or mlrc")]
 
 
-def _fail(message: str) -> None:
-    """One line on stderr, ``error: …`` (the message is printed as written, never as markup)."""
-    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
-    raise typer.Exit(2)
-
-
-DEVICE_FORMS = "cpu, cuda, cuda:N or mps"
-
-
-def check_device(device: str) -> None:
-    """Refuse (one line, exit 2) a ``--device`` this machine cannot run on, before any work:
-    a form other than cpu, cuda, cuda:N, mps; CUDA or MPS absent; cuda:N past the GPU count."""
-    import re
-
-    match = re.fullmatch(r"(cpu|mps|cuda)(?::(\d+))?", device)
-    if match is None or (match[2] is not None and match[1] != "cuda"):
-        _fail(f"--device {device}: not a device ({DEVICE_FORMS})")
-    if match[1] == "cpu":
-        return
-    import torch
-
-    if match[1] == "mps":
-        if not torch.backends.mps.is_available():
-            _fail(
-                f"--device {device}: no MPS device is available on this machine "
-                "(torch.backends.mps.is_available() is False); use --device cpu"
-            )
-        return
-    if not torch.cuda.is_available():
-        _fail(
-            f"--device {device}: no CUDA device is available on this machine "
-            "(torch.cuda.is_available() is False); use --device cpu"
-        )
-    count = torch.cuda.device_count()
-    if match[2] is not None and int(match[2]) >= count:
-        have = (
-            "1 CUDA device (cuda:0)"
-            if count == 1
-            else f"{count} CUDA devices (cuda:0 to cuda:{count - 1})"
-        )
-        _fail(f"--device {device}: this machine has {have}")
-
-
-def check_artifacts(path: Path) -> None:
-    """Refuse (one line, exit 2) an ``--artifacts`` folder that cannot be written or created,
-    before any work; nothing is created here."""
-    text = str(path)
-    if "\x00" in text:
-        _fail(f"--artifacts {text!r}: not a usable folder name (it contains a NUL character)")
-    full = os.path.abspath(os.path.expanduser(text))
-    if os.path.lexists(full):
-        if not os.path.isdir(full):
-            _fail(f"--artifacts {text}: not a folder (a file of that name exists)")
-        if not os.access(full, os.W_OK | os.X_OK):
-            _fail(f"--artifacts {text}: this folder is not writable")
-        return
-    ancestor = os.path.dirname(full)
-    while not os.path.lexists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        _fail(f"--artifacts {text}: cannot create this folder ({ancestor} is a file, not a folder)")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        _fail(f"--artifacts {text}: cannot create this folder ({ancestor} is not writable)")
-
-
 def _load(name: str, root: Path | None) -> data.ImageDataset:
     try:
         return data.build(name, root=root)
     except (DatasetError, RegistryError) as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 @data_app.command("list")
@@ -261,7 +202,7 @@ def data_summary(
             mlrc_split(ds.labels, n_folds=folds, scheme=scheme).summary(), highlight=False
         )
     except SplitError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 @data_app.command("check")
@@ -302,10 +243,10 @@ def data_baselines(
     try:
         split = mlrc_split(ds.labels, n_folds=4, scheme=scheme)
     except SplitError as e:
-        _fail(str(e))
+        fail(str(e))
     console.print(split.summary(), highlight=False)
     if reproductions < 2:
-        _fail("--reproductions must be at least 2 for a confidence interval")
+        fail("--reproductions must be at least 2 for a confidence interval")
 
     test_idx = np.flatnonzero(np.isin(ds.labels, split.test_classes))
     pixels = pixel_features(ds, test_idx)
@@ -345,19 +286,6 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress bars")]
 DEFAULT_STORAGE = "sqlite:///mlrc.db"
 DEFAULT_ARTIFACTS = Path("mlrc-artifacts")
-
-
-@contextmanager
-def _user_errors():
-    """Turn every expected failure into one line on stderr and exit code 2."""
-    from mlrc.config import ConfigError
-    from mlrc.search.study import StudyError
-    from mlrc.store import StoreError
-
-    try:
-        yield
-    except (ConfigError, StudyError, StoreError, DatasetError, RegistryError, SplitError) as e:
-        _fail(worker_message(str(e)))
 
 
 @contextmanager
@@ -459,15 +387,15 @@ def study_run(
     from mlrc.search.study import run_search
 
     if backend not in ("local", "ray"):
-        _fail(f"unknown backend {backend!r} (local or ray; for a worker pool use `mlrc worker`)")
+        fail(f"unknown backend {backend!r} (local or ray; for a worker pool use `mlrc worker`)")
     if scheduler not in ("none", "asha", "median"):
-        _fail(f"unknown scheduler {scheduler!r} (none, asha or median)")
+        fail(f"unknown scheduler {scheduler!r} (none, asha or median)")
     if backend == "local" or address is None:  # a remote Ray cluster's GPUs are not ours to see
         check_device(device)
     check_artifacts(artifacts)
     with (
         _interrupts(),
-        _user_errors(),
+        user_errors(),
         _open(study_file, storage, artifacts, device, quiet, force_new) as ctx,
     ):
         if backend == "ray":
@@ -525,7 +453,7 @@ def worker(
     from mlrc.search.study import run_search
 
     if heartbeat < 1 or (grace is not None and grace <= heartbeat):
-        _fail("--heartbeat must be ≥ 1 s and --grace longer than --heartbeat")
+        fail("--heartbeat must be ≥ 1 s and --grace longer than --heartbeat")
     check_device(device)
     check_artifacts(artifacts)
     if per_gpu > 1:
@@ -535,7 +463,7 @@ def worker(
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker {os.getpid()} %(levelname)s %(message)s"
     )
-    with _interrupts(), _user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
+    with _interrupts(), user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
         from mlrc.store import redact
 
         logging.getLogger("mlrc").info(
@@ -586,10 +514,10 @@ def study_test(
 
     check_device(device)
     check_artifacts(artifacts)
-    with _interrupts(), _user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
+    with _interrupts(), user_errors(), _open(study_file, storage, artifacts, device, quiet) as ctx:
         for problem in run_test(ctx):
             console.print(f"[yellow]failed:[/yellow] {problem}", soft_wrap=True)
-        _print_report(ctx.engine, [ctx.name], "md")
+        print_report(ctx.engine, [ctx.name], "md")
 
 
 @study_app.command("status")
@@ -601,93 +529,14 @@ def study_status(
     from mlrc import store
     from mlrc.config import load_study
 
-    with _user_errors():
+    with user_errors():
         name = load_study(study).study.name if study.endswith((".yaml", ".yml")) else study
         engine = store.connect(storage, read_only=True)
-        _print_status_by_name(engine, name)
+        print_status_by_name(engine, name)
 
 
 def _print_status(ctx) -> None:
-    _print_status_by_name(ctx.engine, ctx.name)
-
-
-def _print_status_by_name(engine, name: str) -> None:
-    from sqlalchemy import func, select
-
-    from mlrc import store
-
-    with store.session(engine) as s:
-        st = store.get_study(s, name)
-        if st is None:
-            _fail(f"no study {name!r} in {store.redact(str(engine.url))}")
-        trials = (
-            s.execute(select(store.Trial).filter_by(study_id=st.id).order_by(store.Trial.number))
-            .scalars()
-            .all()
-        )
-        folds = dict(
-            s.execute(
-                select(store.FoldRun.kind, func.count())
-                .filter_by(study_id=st.id, status="complete")
-                .group_by(store.FoldRun.kind)
-            ).all()
-        )
-        tests = s.execute(
-            select(func.count(func.distinct(store.TestResult.reproduction))).filter_by(
-                study_id=st.id
-            )
-        ).scalar()
-    table = Table(title=f"study {name} ({st.dataset}, {st.loss}, preset {st.preset})")
-    for col in ("trial", "state", "val MAP@R", "± SEM", "params", "reason"):
-        table.add_column(col)
-    for t in trials:
-        table.add_row(
-            str(t.number),
-            t.state,
-            f"{t.value:.4f}" if t.value is not None else "",
-            f"{t.sem:.4f}" if t.sem is not None else "",
-            Text(
-                ", ".join(
-                    f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                    for k, v in t.params.items()
-                )
-            ),
-            Text(_reason(t)),  # as written: "[enforce fail at …]" is no markup, ":x:" no emoji
-        )
-    console.print(table)
-    for t in trials:  # below the table too: a narrow terminal wraps the reason column
-        if t.reason and t.state == "complete":  # e.g. scored 0 after a non-finite loss
-            value = f"{t.value:.4f}" if t.value is not None else "-"
-            line = f"trial {t.number} complete  {value}  ({_reason(t)})"
-        elif t.reason:
-            line = f"trial {t.number} {t.state}: {t.reason}"
-        else:
-            continue
-        console.print(line, soft_wrap=True, highlight=False, markup=False, emoji=False)
-    counts = {
-        state: sum(t.state == state for t in trials)
-        for state in ("complete", "running", "failed", "interrupted", "pruned")
-    }
-    done = [t for t in trials if t.state == "complete" and t.value is not None]
-    best = max(done, key=lambda t: t.value) if done else None
-    console.print(
-        ", ".join(f"{v} {k}" for k, v in counts.items())
-        + f"; folds done: {folds.get('search', 0)} search, {folds.get('test', 0)} test; "
-        f"reproductions tested: {tests}",
-        soft_wrap=True,
-    )
-    if best is not None:
-        sem = f" ± {best.sem:.4f} (SEM over folds)" if best.sem is not None else ""
-        console.print(
-            f"best so far: trial {best.number}, val MAP@R {best.value:.4f}{sem}", soft_wrap=True
-        )
-
-
-def _reason(t) -> str:
-    """A trial's reason; a complete trial with one was given its value for it ("scored 0: …")."""
-    if t.reason and t.state == "complete" and t.value is not None:
-        return f"scored {t.value:g}: {t.reason}"
-    return t.reason or ""
+    print_status_by_name(ctx.engine, ctx.name)
 
 
 @app.command()
@@ -716,32 +565,11 @@ def report(
     from mlrc.report.tables import FORMATS
 
     if fmt not in FORMATS:
-        _fail(f"unknown format {fmt!r} ({', '.join(FORMATS)})")
+        fail(f"unknown format {fmt!r} ({', '.join(FORMATS)})")
     if standalone and fmt not in ("latex", "html"):
-        _fail("--standalone applies to --format latex (html is always a complete page)")
-    with _user_errors():
-        _print_report(store.connect(storage, read_only=True), study, fmt, out, campaign, standalone)
-
-
-def _print_report(
-    engine,
-    studies: list[str] | None,
-    fmt: str,
-    out: Path | None = None,
-    campaigns: list[str] | None = None,
-    standalone: bool = False,
-) -> None:
-    from mlrc.report.tables import ReportError, collect, render, summarize
-
-    try:
-        text = render(summarize(collect(engine, studies, campaigns)), fmt, standalone=standalone)
-    except ReportError as e:
-        _fail(str(e))
-    if out is not None:
-        out.write_text(text, encoding="utf-8")
-        console.print(f"wrote {out}")
-    else:
-        print(text, end="" if text.endswith("\n") else "\n")
+        fail("--standalone applies to --format latex (html is always a complete page)")
+    with user_errors():
+        print_report(store.connect(storage, read_only=True), study, fmt, out, campaign, standalone)
 
 
 @app.command()
@@ -763,7 +591,7 @@ def demo(
     """A complete small study on the embedded default: search, test stage, table with CIs."""
     import time
 
-    from mlrc.config import StudyConfig, _validate, resolve
+    from mlrc.config import StudyConfig, resolve, validate_model
     from mlrc.search.study import open_study, run_search, run_test
     from mlrc.store import canonical_json, redact
 
@@ -779,8 +607,8 @@ def demo(
         "test": {"reproductions": reproductions},
         "overrides": {"max_epochs": max_epochs} if max_epochs else {},
     }
-    with _interrupts(), _user_errors():
-        resolved = resolve(_validate(StudyConfig, cfg, "demo"), "demo")
+    with _interrupts(), user_errors():
+        resolved = resolve(validate_model(StudyConfig, cfg, "demo"), "demo")
         tag = hashlib.sha256(canonical_json(resolved.fingerprint()).encode()).hexdigest()[:8]
         resolved.study.name = f"demo-glyphs-contrastive-{tag}"
         console.rule(f"[bold]mlrc demo[/bold]: {resolved.study.name}")
@@ -796,7 +624,7 @@ def demo(
             _print_status(ctx)
             for problem in run_test(ctx):
                 console.print(f"[yellow]failed:[/yellow] {problem}", soft_wrap=True)
-            _print_report(ctx.engine, [ctx.name], "md")
+            print_report(ctx.engine, [ctx.name], "md")
     console.print(
         f"database: {redact(storage)}\nartifacts: {artifacts.resolve() / resolved.study.name}\n"
         f"wall time: {time.monotonic() - t0:.0f} s",

@@ -243,7 +243,7 @@ def test_protocol_of_leaves_out_methods_and_budgets_only():
 def test_protocol_of_real_resolved_studies():
     """Two resolved study files (mlrc.config): another loss, strategy and budget keep the
     protocol; another max_epochs override changes it, and only preset.max_epochs differs."""
-    from mlrc.config import StudyConfig, _validate, resolve
+    from mlrc.config import StudyConfig, resolve, validate_model
 
     def resolved(loss: str, **kw) -> dict:
         doc = {
@@ -254,7 +254,7 @@ def test_protocol_of_real_resolved_studies():
             "search": {"seed": 0, "trials": kw.get("trials", 2)},
             "overrides": {"max_epochs": kw.get("max_epochs", 1)},
         }
-        return resolve(_validate(StudyConfig, doc, "t"), "t").fingerprint()
+        return resolve(validate_model(StudyConfig, doc, "t"), "t").fingerprint()
 
     a, b = resolved("contrastive"), resolved("triplet", trials=3)
     assert protocol_key(a) == protocol_key(b)

@@ -26,7 +26,7 @@ from mlrc.config import load_preset
 from mlrc.methods import losses
 from mlrc.protocol import mlrc_split
 from mlrc.store import EpochMetric, FoldRun, TestResult, Trial
-from mlrc.train.fold import _View, embed, load_model
+from mlrc.train.fold import View, embed, load_model
 
 runner = CliRunner()
 TINY = {
@@ -133,7 +133,7 @@ def test_concatenated_result_recomputed_from_the_saved_models(finished_study):
     parts = []
     for f in folds:
         model = load_model(preset, f.checkpoint)
-        view = _View(ds, split.test_classes, eval_transform(36, 32, model.trunk.input_spec))
+        view = View(ds, split.test_classes, eval_transform(36, 32, model.trunk.input_spec))
         emb, labels = embed(model, view, preset.eval_batch_size, "cpu")
         parts.append(emb)
     assert sorted(set(labels.tolist())) == list(range(len(split.test_classes)))

@@ -155,7 +155,7 @@ def test_best_checkpoint_holds_the_best_epoch_not_the_last(glyphs, tmp_path, col
     """A fold whose best epoch is earlier than its last: best.pt, reloaded and evaluated with a
     naive loop, gives the stored best val MAP@R (and not the last epoch's)."""
     from mlrc.data.transforms import eval_transform
-    from mlrc.train.fold import _View, embed, load_model
+    from mlrc.train.fold import View, embed, load_model
 
     s = spec(
         glyphs,
@@ -171,7 +171,7 @@ def test_best_checkpoint_holds_the_best_epoch_not_the_last(glyphs, tmp_path, col
     assert last.map_at_r < res.best["map_at_r"]  # the collapse really made it worse
     model = load_model(s.preset, tmp_path / "best.pt")
     im = s.preset.image
-    view = _View(
+    view = View(
         s.dataset, s.val_classes, eval_transform(im.resize, im.crop, model.trunk.input_spec)
     )
     emb, lab = embed(model, view, 64, "cpu")

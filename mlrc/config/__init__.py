@@ -37,14 +37,14 @@ class ConfigError(ValueError):
     """A study, preset or search-space file is wrong; the message says where and what."""
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 # --- search spaces -----------------------------------------------------------------------------
 
 
-class ParamSpace(_Strict):
+class ParamSpace(Strict):
     """``{low, high}`` (uniform float), ``+ log: true``, ``+ int: true`` (+ ``step``), or ``{choices}``."""
 
     low: float | None = None
@@ -91,7 +91,7 @@ class ParamSpace(_Strict):
 # --- preset ------------------------------------------------------------------------------------
 
 
-class ImageSpec(_Strict):
+class ImageSpec(Strict):
     resize: int = Field(gt=0)
     crop: int = Field(gt=0)
     scale: tuple[float, float] = (0.16, 1.0)
@@ -99,24 +99,24 @@ class ImageSpec(_Strict):
     flip: bool = True
 
 
-class BatchSpec(_Strict):
+class BatchSpec(Strict):
     size: int = Field(32, ge=2)
     images_per_class: dict[Literal["pair", "class"], int] = {"pair": 4, "class": 1}
 
 
-class OptimizerSpec(_Strict):
+class OptimizerSpec(Strict):
     lr: float = Field(gt=0)
     weight_decay: float = Field(0.0, ge=0)
     momentum: float = Field(0.0, ge=0)
 
 
-class LossOptimizerSpec(_Strict):
+class LossOptimizerSpec(Strict):
     lr: ParamSpace
     weight_decay: float = Field(0.0, ge=0)
     momentum: float = Field(0.0, ge=0)
 
 
-class SearchSpec(_Strict):
+class SearchSpec(Strict):
     trials: int | None = Field(None, ge=1)
     sampler: Literal["gp", "tpe"] | None = None
     seed: int = Field(0, ge=0, le=2**31 - 1)  # Optuna/NumPy and faiss take 31-bit seeds
@@ -127,7 +127,7 @@ class SearchSpec(_Strict):
     prune_startup: int | None = Field(None, ge=0)  # complete trials before any pruning
 
 
-class TestSpec(_Strict):
+class TestSpec(Strict):
     reproductions: int | None = None
 
     @field_validator("reproductions")
@@ -141,7 +141,7 @@ class TestSpec(_Strict):
         return n
 
 
-class Preset(_Strict):
+class Preset(Strict):
     """Every number of the protocol (DESIGN.md §1). Per-dataset keys fall back to ``default``."""
 
     trunk: str
@@ -186,7 +186,7 @@ class Preset(_Strict):
 # --- study -------------------------------------------------------------------------------------
 
 
-class DatasetRef(_Strict):
+class DatasetRef(Strict):
     name: str
     root: str | None = None
     params: dict[str, Any] = {}
@@ -203,30 +203,30 @@ class DatasetRef(_Strict):
         return root
 
 
-class LossRef(_Strict):
+class LossRef(Strict):
     name: str
     params: dict[str, Any] = {}
     search: dict[str, ParamSpace] | None = None  # None → studies/spaces/<name>.yaml
 
 
-class MinerRef(_Strict):
+class MinerRef(Strict):
     name: str
     params: dict[str, Any] = {}
     search: dict[str, ParamSpace] | None = None  # None → studies/spaces/miners/<name>.yaml
 
 
-class StrategyRef(_Strict):
+class StrategyRef(Strict):
     name: str
     params: dict[str, Any] = {}
     search: dict[str, ParamSpace] | None = None  # None → studies/spaces/strategies/<name>.yaml
 
 
-class SamplerRef(_Strict):
+class SamplerRef(Strict):
     name: str = "m_per_class"
     params: dict[str, Any] = {}
 
 
-class StudyConfig(_Strict):
+class StudyConfig(Strict):
     """A study file, validated. ``resolved()`` merges it with its preset."""
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -241,7 +241,7 @@ class StudyConfig(_Strict):
     overrides: dict[str, Any] = {}
 
 
-class ResolvedStudy(_Strict):
+class ResolvedStudy(Strict):
     """What a run needs: the study, its full preset (with overrides), its search space."""
 
     study: StudyConfig
@@ -347,7 +347,7 @@ def load_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: {where}malformed YAML ({problem})") from None
 
 
-def _format_error(source: str, err: ValidationError, model: type[BaseModel]) -> str:
+def format_error(source: str, err: ValidationError, model: type[BaseModel]) -> str:
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"])
     if e["type"] == "extra_forbidden":
@@ -404,13 +404,13 @@ def not_a_mapping(data: Any, source: str) -> str:
     return f"{source}: expected a mapping of keys, got {type(data).__name__}"
 
 
-def _validate(model: type[BaseModel], data: Any, source: str) -> Any:
+def validate_model(model: type[BaseModel], data: Any, source: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(not_a_mapping(data, source))
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_error(source, e, model)) from None
+        raise ConfigError(format_error(source, e, model)) from None
 
 
 def load_preset(
@@ -436,7 +436,7 @@ def load_preset(
     data = load_yaml(path)
     if overrides and isinstance(data, dict):
         data = _deep_merge(data, overrides, f"{source}: overrides" if source else "overrides")
-    return _validate(
+    return validate_model(
         Preset, data, str(path) if not overrides else f"{source}: preset {path.name} + overrides"
     )
 
@@ -509,7 +509,7 @@ def default_space(
     if not isinstance(data, dict):
         raise ConfigError(not_a_mapping(data, str(path)))
     tables = {k: data.pop(k) for k in (PER_DATASET, WITH_MINER) if k in data}
-    space = {k: _validate(ParamSpace, v, f"{path}: {k}") for k, v in data.items()}
+    space = {k: validate_model(ParamSpace, v, f"{path}: {k}") for k, v in data.items()}
     if tables and not loss_space:
         raise ConfigError(
             f"{path}: {next(iter(tables))}: only a loss's space file "
@@ -555,7 +555,7 @@ def _per_dataset(
                     f"{where}.{ds}.{k}: not a parameter of this space{did_you_mean(k, space)} "
                     f"(parameters: {', '.join(space) or 'none'})"
                 )
-            out[ds][k] = None if v is None else _validate(ParamSpace, v, f"{where}.{ds}.{k}")
+            out[ds][k] = None if v is None else validate_model(ParamSpace, v, f"{where}.{ds}.{k}")
     return out
 
 
@@ -908,7 +908,7 @@ def _check_space(
 def load_study(path: str | Path) -> ResolvedStudy:
     """Read, validate and resolve a study file. Relative dataset roots: cwd, then the file's dir."""
     path = Path(path)
-    study = _validate(StudyConfig, load_yaml(path), str(path))
+    study = validate_model(StudyConfig, load_yaml(path), str(path))
     root = study.dataset.root
     if root is not None:
         candidates = [Path(root).expanduser(), path.parent / root]

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from sklearn.metrics import normalized_mutual_info_score
 
-from mlrc.protocol.metrics import ArrayLike, _as_tensor, exact_knn
+from mlrc.protocol.metrics import ArrayLike, exact_knn, to_tensor
 
 # Bytes of one working block (float32 similarities, or float64 candidate vectors) at a time.
 _BLOCK_BYTES = 256 * 2**20
@@ -177,7 +177,7 @@ def spectral_decay(
     """
     if drop_largest < 0:
         raise ValueError(f"drop_largest must be >= 0, got {drop_largest}")
-    x = _as_tensor(embeddings, "cpu").double()
+    x = to_tensor(embeddings, "cpu").double()
     if x.ndim != 2 or not torch.isfinite(x).all():
         raise ValueError(f"need finite embeddings (n, d), got shape {tuple(x.shape)}")
     if normalize:
@@ -217,8 +217,8 @@ def embedding_density(
     Σ_{i,j} d = n Σ_i ‖φ̂_i − φ̄‖², giving π_intra(c) = Σ_i ‖φ̂_i − φ̄_c‖² / (n_c − 1) and
     π_inter = Σ_l ‖μ̂_l − mean(μ̂)‖² / (C − 1), both in float64.
     """
-    x = _as_tensor(embeddings, "cpu").double()
-    y = _as_tensor(labels, "cpu").long().reshape(-1)
+    x = to_tensor(embeddings, "cpu").double()
+    y = to_tensor(labels, "cpu").long().reshape(-1)
     _check(x, y)
     norms = x.norm(dim=1, keepdim=True)
     if bool((norms == 0).any()):
@@ -283,8 +283,8 @@ def metrix_utilization(
     L2-normalises both sets (which also re-normalises mixed embeddings — the paper leaves that
     open). The paper reports no code; this follows eq. 12 literally.
     """
-    q = _as_tensor(test_embeddings, device).double()
-    x = _as_tensor(train_embeddings, q.device).double()
+    q = to_tensor(test_embeddings, device).double()
+    x = to_tensor(train_embeddings, q.device).double()
     if q.ndim != 2 or x.ndim != 2 or q.shape[1] != x.shape[1] or len(q) == 0 or len(x) == 0:
         raise ValueError(
             f"need test (n, d) and train (m, d) embeddings, got {tuple(q.shape)}, {tuple(x.shape)}"
@@ -358,9 +358,9 @@ def _prepare(
     device: str | torch.device | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(float32, float64, labels) on one device; rows L2-normalised in float64 if asked."""
-    x = _as_tensor(embeddings, device)
+    x = to_tensor(embeddings, device)
     x64 = x.double()
-    y = _as_tensor(labels, x64.device).long().reshape(-1)
+    y = to_tensor(labels, x64.device).long().reshape(-1)
     _check(x64, y)
     if x64.shape[0] < 2:
         raise ValueError("need at least two items: a query needs another item to rank")

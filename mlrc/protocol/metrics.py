@@ -94,8 +94,8 @@ def retrieval_metrics(
     (torch) queries are processed in blocks of at most 256 MiB of float32 scores. Also returns
     ``num_queries`` (queries with R > 0).
     """
-    x = _as_tensor(embeddings, device)
-    y = _as_tensor(labels, x.device).long().reshape(-1)
+    x = to_tensor(embeddings, device)
+    y = to_tensor(labels, x.device).long().reshape(-1)
     if x.ndim != 2 or x.shape[0] != y.shape[0]:
         raise ValueError(
             f"need embeddings (n, d) and labels (n,), got {tuple(x.shape)} and {tuple(y.shape)}"
@@ -1048,7 +1048,7 @@ def concatenate_embeddings(embeddings: Sequence[ArrayLike]) -> ArrayLike:
     """
     if len(embeddings) == 0:
         raise ValueError("need at least one embedding array to concatenate")
-    parts = [_as_tensor(e, None).float() for e in embeddings]
+    parts = [to_tensor(e, None).float() for e in embeddings]
     rows = {p.shape[0] for p in parts}
     if len(rows) != 1:
         raise ValueError(f"embedding arrays have different numbers of rows: {sorted(rows)}")
@@ -1058,6 +1058,6 @@ def concatenate_embeddings(embeddings: Sequence[ArrayLike]) -> ArrayLike:
     return joined.cpu().numpy() if isinstance(embeddings[0], np.ndarray) else joined
 
 
-def _as_tensor(a: ArrayLike, device: str | torch.device | None) -> torch.Tensor:
+def to_tensor(a: ArrayLike, device: str | torch.device | None) -> torch.Tensor:
     t = a.detach() if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))
     return t.to(device) if device is not None else t

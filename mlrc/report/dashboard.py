@@ -435,9 +435,9 @@ def test_figure(summary):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from mlrc.report.tables import _with_defaults, row_label
+    from mlrc.report.tables import row_label, with_defaults
 
-    data = _with_defaults(summary[summary["metric"] == "map_at_r"])
+    data = with_defaults(summary[summary["metric"] == "map_at_r"])
     if data.empty:
         return None
     blocks = list(dict.fromkeys(zip(data["dataset"], data["protocol"], strict=True)))

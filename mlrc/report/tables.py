@@ -512,7 +512,7 @@ def welch_p(a: np.ndarray, b: np.ndarray) -> float:
         return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
 
 
-def _with_defaults(values: pd.DataFrame) -> pd.DataFrame:
+def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
     """``values`` with the columns :func:`collect` adds (a frame built by hand may lack them)."""
     values = values.copy()
     defaults = {
@@ -539,7 +539,7 @@ def summarize(values: pd.DataFrame, level: float = 0.95, alpha: float = ALPHA) -
     that study itself and when n < 2 on either side) and ``not_worse`` (True for the best study
     and when p ≥ ``alpha``, False when p < ``alpha``, missing when p is NaN). Baseline lines
     (``baseline`` True) take no part: never best, no p-value. The :data:`META_COLUMNS` follow."""
-    values = _with_defaults(values)
+    values = with_defaults(values)
     out, samples = [], []
     keys = ["study", "dataset", "protocol", "loss", "strategy", "pruner", "mode", "metric"]
     for key, g in values.groupby(keys, sort=False, dropna=False):
@@ -652,7 +652,7 @@ class _Block:
 def _blocks(summary: pd.DataFrame) -> list[_Block]:
     """Per (dataset, protocol) block, in summary order: its rows with marks resolved, baselines
     first."""
-    summary = _with_defaults(summary)
+    summary = with_defaults(summary)
     columns = [(mode, m) for mode in MODES for m in METRIC_COLUMNS]
     blocks = []
     for (dataset, protocol), d in summary.groupby(["dataset", "protocol"], sort=False):
@@ -717,7 +717,7 @@ def _blocks(summary: pd.DataFrame) -> list[_Block]:
 
 def _notes(summary: pd.DataFrame, blocks: list[_Block]) -> list[str]:
     """The legend's notes after the marks: baselines, pruning, protocols, budgets, zeros."""
-    summary = _with_defaults(summary)
+    summary = with_defaults(summary)
     notes = []
     kinds = [k for k in BASELINE_KINDS if ((summary["loss"] == k) & summary["baseline"]).any()]
     if kinds:

@@ -33,15 +33,15 @@ from mlrc.search.study import (
     HEARTBEAT_S,
     Context,
     StudyError,
-    _finish_trial,
-    _Heartbeat,
-    _objective,
-    _recover_interrupted,
+    TrialHeartbeat,
     build_context,
+    finish_trial,
     finished,
     heartbeat_storage,
     optuna_study,
+    recover_interrupted,
     run_fold,
+    run_objective,
     sequential_folds,
 )
 from mlrc.train.fold import FoldResult
@@ -140,12 +140,12 @@ def _trainable(config: dict[str, Any], job: Job) -> None:
         tune.report({"map_at_r": running, "folds_done": k, "final": False})
 
     folds = _parallel_folds(job) if job.fold_parallel else sequential_folds
-    with _Heartbeat(storage, trial_id, job.heartbeat_s):
+    with TrialHeartbeat(storage, trial_id, job.heartbeat_s):
         try:
-            value, reason = _objective(ctx, number, params, on_fold=on_fold, folds=folds)
+            value, reason = run_objective(ctx, number, params, on_fold=on_fold, folds=folds)
         except Exception as e:  # noqa: BLE001 — recorded as the trial's reason, not lost
             reason = f"{type(e).__name__}: {first_line(e, default='')}"
-            _finish_trial(ctx, number, "failed", None, None, reason)
+            finish_trial(ctx, number, "failed", None, None, reason)
             value = None
     if reason is not None:
         storage.set_trial_user_attr(trial_id, "reason", reason)
@@ -231,7 +231,7 @@ def run_search_ray(
     study_id = storage.get_study_id_from_name(ctx.name)
     with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
         if ctx.engine.dialect.name == "sqlite":  # the file lock proves no other process runs
-            _recover_interrupted(ctx, ostudy, storage, study_id)
+            recover_interrupted(ctx, ostudy, storage, study_id)
         else:
             _fail_stale(ctx, 4 * heartbeat_s, heartbeat_s)
     remaining = ctx.resolved.trials - len(finished(ostudy))

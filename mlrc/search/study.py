@@ -50,7 +50,7 @@ from mlrc.train.fold import (
     EpochRecord,
     FoldResult,
     FoldSpec,
-    _View,
+    View,
     embed,
     load_model,
     train_fold,
@@ -59,7 +59,7 @@ from mlrc.train.fold import (
 
 log = logging.getLogger("mlrc")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-# We run Optuna's heartbeat ourselves around ask/tell (see _Heartbeat): its notes are expected.
+# We run Optuna's heartbeat ourselves around ask/tell (see TrialHeartbeat): its notes are expected.
 warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used", UserWarning)
 warnings.filterwarnings("ignore", ".*heartbeat.*", optuna.exceptions.ExperimentalWarning)
 
@@ -203,7 +203,7 @@ def build_context(
     """Register (or check) the study and load its dataset and split, without any lock (for a
     process that works for a study someone else holds: a Ray trial or fold task)."""
     engine = engine or store.connect(url)
-    study_id = _register(engine, resolved)
+    study_id = register_study(engine, resolved)
     ds = data.build(
         resolved.study.dataset.name,
         root=resolved.study.dataset.root,
@@ -267,7 +267,7 @@ def _sqlite_lock(engine: Engine, name: str) -> Iterator[None]:
         lock.release()
 
 
-def _register(engine: Engine, resolved: ResolvedStudy) -> int:
+def register_study(engine: Engine, resolved: ResolvedStudy) -> int:
     config = resolved.fingerprint()
     with store.advisory_lock(engine, "mlrc-register"), session(engine) as s:
         row = store.get_study(s, resolved.study.name)
@@ -284,7 +284,7 @@ def _register(engine: Engine, resolved: ResolvedStudy) -> int:
             s.add(row)
             s.flush()
         elif store.canonical_json(row.config) != store.canonical_json(config):
-            changed = _first_difference(row.config, config)
+            changed = first_difference(row.config, config)
             raise StudyError(
                 f"study {resolved.study.name!r} already exists in the store with a different "
                 f"configuration ({changed}); give the study a new name, or pass --force-new to "
@@ -322,11 +322,11 @@ def archive_study(engine: Engine, name: str, artifacts: Path) -> str:
     return new
 
 
-def _first_difference(a: Any, b: Any, where: str = "") -> str:
+def first_difference(a: Any, b: Any, where: str = "") -> str:
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b)):
             if a.get(k) != b.get(k):
-                return _first_difference(a.get(k), b.get(k), f"{where}.{k}" if where else k)
+                return first_difference(a.get(k), b.get(k), f"{where}.{k}" if where else k)
     return f"{where}: {a!r} in the store, {b!r} now"
 
 
@@ -402,7 +402,7 @@ def run_search(
     )
     with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
         if ctx.engine.dialect.name == "sqlite":  # the file lock proves no other process runs
-            _recover_interrupted(ctx, ostudy, storage, study_id)
+            recover_interrupted(ctx, ostudy, storage, study_id)
         if not ostudy.user_attrs.get("enqueued"):
             _enqueue_once(ostudy, ctx.resolved.study.search.enqueue)
             ostudy.set_user_attr("enqueued", True)
@@ -416,11 +416,11 @@ def run_search(
             time.sleep(poll_s)
             continue
         with (
-            _Heartbeat(storage, claim.trial_id, heartbeat_s),
+            TrialHeartbeat(storage, claim.trial_id, heartbeat_s),
             _interrupted_on_exit(ctx, ostudy, storage, study_id, claim),
         ):
             try:
-                value, reason = _objective(
+                value, reason = run_objective(
                     ctx, claim.trial.number, claim.params, should_prune=_pruning(ctx, claim.trial)
                 )
             except optuna.TrialPruned as e:
@@ -491,7 +491,7 @@ def _tell(
         # Another worker declared this trial lost (no heartbeat for the grace period, e.g. a
         # long network cut) and retries its parameters; the finished folds are reused there.
         log.warning("trial %d was declared lost while it ran: %s", claim.trial.number, e)
-        _finish_trial(ctx, claim.trial.number, "interrupted", None, None, "declared lost: retried")
+        finish_trial(ctx, claim.trial.number, "interrupted", None, None, "declared lost: retried")
         return
     if reason is not None and value is not None:
         log.warning("trial %d scored %g: %s", claim.trial.number, value, reason)
@@ -505,7 +505,7 @@ PRUNED = "pruned"  # reasons of pruned trials start with it
 
 
 def _pruning(ctx: Context, trial: optuna.Trial) -> Callable[[int, float], bool] | None:
-    """``should_prune(k, running mean)`` for :func:`_objective`, or None when pruning is off."""
+    """``should_prune(k, running mean)`` for :func:`run_objective`, or None when pruning is off."""
     if ctx.resolved.pruner == "none":
         return None
 
@@ -516,7 +516,7 @@ def _pruning(ctx: Context, trial: optuna.Trial) -> Callable[[int, float], bool] 
     return should_prune
 
 
-class _Heartbeat:
+class TrialHeartbeat:
     """Records the trial's heartbeat every ``interval`` seconds in a daemon thread; a lost
     database only logs a warning (the retrying connection comes back by itself)."""
 
@@ -531,10 +531,12 @@ class _Heartbeat:
                 self.storage.record_heartbeat(self.trial_id)
             except Exception as e:  # noqa: BLE001 — keep beating; report in one line
                 log.warning(
-                    "heartbeat of trial id %d not recorded: %s", self.trial_id, store._first_line(e)
+                    "heartbeat of trial id %d not recorded: %s",
+                    self.trial_id,
+                    store.db_error_line(e),
                 )
 
-    def __enter__(self) -> _Heartbeat:
+    def __enter__(self) -> TrialHeartbeat:
         self.thread.start()
         return self
 
@@ -569,7 +571,7 @@ def _mark_interrupted(ctx: Context, t: optuna.trial.FrozenTrial, reason: str) ->
     )
 
 
-def _recover_interrupted(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
+def recover_interrupted(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
     """Trials left RUNNING by a dead process: fail them ("interrupted") and retry their params."""
     for t in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         _retry_interrupted(ctx, ostudy, storage, study_id, t)
@@ -644,7 +646,7 @@ def _record_interrupt(
         log.warning(
             "trial %d not recorded as interrupted now (%s); it is recovered later",
             claim.trial.number,
-            store._first_line(e),
+            store.db_error_line(e),
         )
 
 
@@ -659,7 +661,7 @@ def sequential_folds(
         yield fold.index, run_fold(ctx, "search", params, 0, fold.index, number)
 
 
-def _objective(
+def run_objective(
     ctx: Context,
     number: int,
     suggested: dict[str, Any],
@@ -695,11 +697,11 @@ def _objective(
     for fold, res in folds(ctx, params, number):
         if res.nonfinite:  # "non-finite loss at iteration i, fold f" (store.NONFINITE)
             reason = f"{res.reason}, fold {fold}"
-            _finish_trial(ctx, number, "complete", 0.0, 0.0, reason)
+            finish_trial(ctx, number, "complete", 0.0, 0.0, reason)
             return 0.0, reason
         if res.status != "complete":
             reason = f"fold {fold}: {res.reason}"
-            _finish_trial(ctx, number, "failed", None, None, reason)
+            finish_trial(ctx, number, "failed", None, None, reason)
             return None, reason
         values[fold] = res.objective
         k, running = len(values), float(np.mean(list(values.values())))
@@ -710,16 +712,16 @@ def _objective(
                 f"{PRUNED} after {k} of {len(ctx.split.folds)} folds: running mean "
                 f"{running:.4f} below the median of complete trials"
             )
-            _finish_trial(ctx, number, "pruned", None, None, reason)
+            finish_trial(ctx, number, "pruned", None, None, reason)
             raise optuna.TrialPruned(reason)
     v = [values[f] for f in sorted(values)]
     mean = float(np.mean(v))
     sem = float(np.std(v, ddof=1) / math.sqrt(len(v)))
-    _finish_trial(ctx, number, "complete", mean, sem, None)
+    finish_trial(ctx, number, "complete", mean, sem, None)
     return mean, None
 
 
-def _finish_trial(
+def finish_trial(
     ctx: Context,
     number: int,
     state: str,
@@ -1002,11 +1004,9 @@ def ensure_baseline(ctx: Context) -> None:
     store.transact(ctx.engine, link, "linking the untrained baseline")
 
 
-def _test_view(ctx: Context, input_spec: dict) -> _View:
+def _test_view(ctx: Context, input_spec: dict) -> View:
     im = ctx.resolved.preset.image
-    return _View(
-        ctx.dataset, ctx.split.test_classes, eval_transform(im.resize, im.crop, input_spec)
-    )
+    return View(ctx.dataset, ctx.split.test_classes, eval_transform(im.resize, im.crop, input_spec))
 
 
 def _test_metrics(
@@ -1026,7 +1026,7 @@ def _test_metrics(
 def _test_reproduction(ctx: Context, params: dict[str, Any], rep: int) -> str | None:
     p = ctx.resolved.preset
     embeddings, seen, labels, rows = [], [], None, []
-    trainval = _View(ctx.dataset, ctx.split.trainval_classes, None)
+    trainval = View(ctx.dataset, ctx.split.trainval_classes, None)
     for fold in ctx.split.folds:
         res = run_fold(ctx, "test", params, rep, fold.index, None)
         if res.status != "complete":

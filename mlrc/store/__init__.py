@@ -285,14 +285,14 @@ def sqlite_busy_s() -> float:
     return min(30.0, reconnect_window_s())
 
 
-def _first_line(e: BaseException) -> str:
+def db_error_line(e: BaseException) -> str:
     """The first line of a database error: the driver's message (``e.orig``) when it has one."""
     return first_line(getattr(e, "orig", None) or e)
 
 
 def _describe(e: BaseException) -> str:
     """The first line of a database error, with the cause spelled out where SQLite is terse."""
-    line = _first_line(e)
+    line = db_error_line(e)
     if line == "database is locked":
         return (
             f"database is locked (another process holds a write transaction; waited "
@@ -303,7 +303,7 @@ def _describe(e: BaseException) -> str:
 
 def _refused(e: BaseException) -> bool:
     """Did the server refuse the login (wrong password or user, no such database)?"""
-    return any(marker in _first_line(e) for marker in _REFUSED)
+    return any(marker in db_error_line(e) for marker in _REFUSED)
 
 
 _BACKOFF = wait_exponential(multiplier=0.5, max=30)  # 0.5, 1, 2, ... 30 s between attempts
@@ -320,7 +320,7 @@ def _warn(message: str, subject: str) -> Callable[[RetryCallState], None]:
     """A ``before_sleep`` that logs ``message % (subject, the error's first line, seconds)``."""
 
     def note(rs: RetryCallState) -> None:
-        log.warning(message, subject, _first_line(_failure(rs)), rs.upcoming_sleep)
+        log.warning(message, subject, db_error_line(_failure(rs)), rs.upcoming_sleep)
 
     return note
 
@@ -369,7 +369,7 @@ def retry_connects(engine: Engine, first_s: float = 5.0, connected: bool = False
         except unreachable as e:  # refused, or still unreachable at the end of the window
             if state["connected"]:
                 raise
-            raise StoreError(f"{where}: cannot connect ({_first_line(e)})") from None
+            raise StoreError(f"{where}: cannot connect ({db_error_line(e)})") from None
 
     return engine
 
@@ -385,7 +385,7 @@ def retry(fn: Callable[[], T], engine: Engine, what: str) -> T:
     def give_up(rs: RetryCallState) -> T:
         raise StoreError(
             f"{_shown(engine)}: lost the connection while {what} "
-            f"and it did not come back ({_first_line(_failure(rs))})"
+            f"and it did not come back ({db_error_line(_failure(rs))})"
         ) from None
 
     return Retrying(

@@ -128,7 +128,7 @@ def trained_best(history: Sequence[EpochRecord]) -> float | None:
     return max(trained) if trained else None
 
 
-class _View(Dataset):
+class View(Dataset):
     """Samples of some classes, with a transform and labels remapped to 0..n−1 (for the loss)."""
 
     def __init__(self, ds: ImageDataset, classes: Sequence[int], transform: Callable) -> None:
@@ -147,7 +147,7 @@ class _View(Dataset):
 class _Indexed(Dataset):
     """(image, label, position in the view): lets memory-bank samplers update their rows."""
 
-    def __init__(self, view: _View) -> None:
+    def __init__(self, view: View) -> None:
         self.view = view
 
     def __len__(self) -> int:
@@ -472,13 +472,13 @@ def train_fold(
         from mlrc.data.cache import decoded_cache, default_cache_dir
 
         dataset = decoded_cache(dataset, im.resize, default_cache_dir(), progress=spec.progress)
-    train_set = _View(
+    train_set = View(
         dataset,
         spec.train_classes,
         train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, spec_in, uint8=True),
     )
     # uint8 batches (4× smaller copies); normalised on the device by embed/_on_device
-    val_set = _View(
+    val_set = View(
         dataset, spec.val_classes, eval_transform(im.resize, im.crop, spec_in, uint8=True)
     )
     sampler = samplers.build(
@@ -602,7 +602,7 @@ def train_fold(
                 freeze_batchnorm(model.trunk)
             loss_sum, n = 0.0, 0
             if sampler.needs_bank and epoch == start_epoch:  # bank from the current model
-                bank_view = _View(dataset, spec.train_classes, val_set.transform)
+                bank_view = View(dataset, spec.train_classes, val_set.transform)
                 bank, _ = embed(model, bank_view, p.eval_batch_size, spec.device, p.num_workers)
                 sampler.set_bank(torch.from_numpy(bank))
                 model.train()

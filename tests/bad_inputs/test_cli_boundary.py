@@ -315,7 +315,7 @@ def test_an_unexpected_exception_is_one_line_and_a_traceback_file(tmp_path, monk
 
 
 def test_the_command_named_is_the_subcommand(tmp_path, monkeypatch):
-    monkeypatch.setattr("mlrc.cli._print_status_by_name", lambda *a: {}["missing key"])
+    monkeypatch.setattr("mlrc.cli.print_status_by_name", lambda *a: {}["missing key"])
     url = new_store(tmp_path / "mlrc.db")
     line = one_line(["study", "status", "s", "--storage", url], code=1)
     assert line.startswith("error: mlrc study status: KeyError: 'missing key' (full traceback in ")

@@ -237,7 +237,7 @@ def test_a_path_that_cannot_be_opened_is_named(tmp_path, where):
 
 
 def test_a_path_with_brackets_is_shown_as_written(tmp_path):
-    """Needs mlrc/cli.py's ``_user_errors`` to escape Rich markup in the message (it printed
+    """Needs mlrc/terminal.py's ``user_errors`` to escape Rich markup in the message (it printed
     ``.../[red]x/db`` as ``.../x/db``, a path that does not exist)."""
     url = f"sqlite:///{tmp_path / '[red]x' / 'db'}"
     assert error_line(*run_args(tmp_path, url)) == f"error: {url}: unable to open database file"

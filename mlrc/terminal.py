@@ -1,0 +1,204 @@
+"""Terminal output shared by the two front ends, ``mlrc`` (:mod:`mlrc.cli`) and its campaigns
+(:mod:`mlrc.campaign`): the consoles, the one-line refusal (``error: …``, exit 2), the checks of
+``--device`` and ``--artifacts``, expected failures as one line, a study's status, the report.
+
+It sits below both front ends (the campaign must not import the CLI) and above what it shows
+(:mod:`mlrc.search`, :mod:`mlrc.report`, :mod:`mlrc.store`)."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from mlrc.data.base import DatasetError
+from mlrc.errors import worker_message
+from mlrc.protocol import SplitError
+from mlrc.registry import RegistryError
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True, emoji=False)  # one line, as written
+
+
+def fail(message: str) -> None:
+    """One line on stderr, ``error: …`` (the message is printed as written, never as markup)."""
+    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    raise typer.Exit(2)
+
+
+DEVICE_FORMS = "cpu, cuda, cuda:N or mps"
+
+
+def check_device(device: str) -> None:
+    """Refuse (one line, exit 2) a ``--device`` this machine cannot run on, before any work:
+    a form other than cpu, cuda, cuda:N, mps; CUDA or MPS absent; cuda:N past the GPU count."""
+    import re
+
+    match = re.fullmatch(r"(cpu|mps|cuda)(?::(\d+))?", device)
+    if match is None or (match[2] is not None and match[1] != "cuda"):
+        fail(f"--device {device}: not a device ({DEVICE_FORMS})")
+    if match[1] == "cpu":
+        return
+    import torch
+
+    if match[1] == "mps":
+        if not torch.backends.mps.is_available():
+            fail(
+                f"--device {device}: no MPS device is available on this machine "
+                "(torch.backends.mps.is_available() is False); use --device cpu"
+            )
+        return
+    if not torch.cuda.is_available():
+        fail(
+            f"--device {device}: no CUDA device is available on this machine "
+            "(torch.cuda.is_available() is False); use --device cpu"
+        )
+    count = torch.cuda.device_count()
+    if match[2] is not None and int(match[2]) >= count:
+        have = (
+            "1 CUDA device (cuda:0)"
+            if count == 1
+            else f"{count} CUDA devices (cuda:0 to cuda:{count - 1})"
+        )
+        fail(f"--device {device}: this machine has {have}")
+
+
+def check_artifacts(path: Path) -> None:
+    """Refuse (one line, exit 2) an ``--artifacts`` folder that cannot be written or created,
+    before any work; nothing is created here."""
+    text = str(path)
+    if "\x00" in text:
+        fail(f"--artifacts {text!r}: not a usable folder name (it contains a NUL character)")
+    full = os.path.abspath(os.path.expanduser(text))
+    if os.path.lexists(full):
+        if not os.path.isdir(full):
+            fail(f"--artifacts {text}: not a folder (a file of that name exists)")
+        if not os.access(full, os.W_OK | os.X_OK):
+            fail(f"--artifacts {text}: this folder is not writable")
+        return
+    ancestor = os.path.dirname(full)
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        fail(f"--artifacts {text}: cannot create this folder ({ancestor} is a file, not a folder)")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        fail(f"--artifacts {text}: cannot create this folder ({ancestor} is not writable)")
+
+
+@contextmanager
+def user_errors():
+    """Turn every expected failure into one line on stderr and exit code 2."""
+    from mlrc.config import ConfigError
+    from mlrc.search.study import StudyError
+    from mlrc.store import StoreError
+
+    try:
+        yield
+    except (ConfigError, StudyError, StoreError, DatasetError, RegistryError, SplitError) as e:
+        fail(worker_message(str(e)))
+
+
+def print_status_by_name(engine, name: str) -> None:
+    from sqlalchemy import func, select
+
+    from mlrc import store
+
+    with store.session(engine) as s:
+        st = store.get_study(s, name)
+        if st is None:
+            fail(f"no study {name!r} in {store.redact(str(engine.url))}")
+        trials = (
+            s.execute(select(store.Trial).filter_by(study_id=st.id).order_by(store.Trial.number))
+            .scalars()
+            .all()
+        )
+        folds = dict(
+            s.execute(
+                select(store.FoldRun.kind, func.count())
+                .filter_by(study_id=st.id, status="complete")
+                .group_by(store.FoldRun.kind)
+            ).all()
+        )
+        tests = s.execute(
+            select(func.count(func.distinct(store.TestResult.reproduction))).filter_by(
+                study_id=st.id
+            )
+        ).scalar()
+    table = Table(title=f"study {name} ({st.dataset}, {st.loss}, preset {st.preset})")
+    for col in ("trial", "state", "val MAP@R", "± SEM", "params", "reason"):
+        table.add_column(col)
+    for t in trials:
+        table.add_row(
+            str(t.number),
+            t.state,
+            f"{t.value:.4f}" if t.value is not None else "",
+            f"{t.sem:.4f}" if t.sem is not None else "",
+            Text(
+                ", ".join(
+                    f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in t.params.items()
+                )
+            ),
+            Text(reason(t)),  # as written: "[enforce fail at …]" is no markup, ":x:" no emoji
+        )
+    console.print(table)
+    for t in trials:  # below the table too: a narrow terminal wraps the reason column
+        if t.reason and t.state == "complete":  # e.g. scored 0 after a non-finite loss
+            value = f"{t.value:.4f}" if t.value is not None else "-"
+            line = f"trial {t.number} complete  {value}  ({reason(t)})"
+        elif t.reason:
+            line = f"trial {t.number} {t.state}: {t.reason}"
+        else:
+            continue
+        console.print(line, soft_wrap=True, highlight=False, markup=False, emoji=False)
+    counts = {
+        state: sum(t.state == state for t in trials)
+        for state in ("complete", "running", "failed", "interrupted", "pruned")
+    }
+    done = [t for t in trials if t.state == "complete" and t.value is not None]
+    best = max(done, key=lambda t: t.value) if done else None
+    console.print(
+        ", ".join(f"{v} {k}" for k, v in counts.items())
+        + f"; folds done: {folds.get('search', 0)} search, {folds.get('test', 0)} test; "
+        f"reproductions tested: {tests}",
+        soft_wrap=True,
+    )
+    if best is not None:
+        sem = f" ± {best.sem:.4f} (SEM over folds)" if best.sem is not None else ""
+        console.print(
+            f"best so far: trial {best.number}, val MAP@R {best.value:.4f}{sem}", soft_wrap=True
+        )
+
+
+def reason(t) -> str:
+    """A trial's reason; a complete trial with one was given its value for it ("scored 0: …")."""
+    if t.reason and t.state == "complete" and t.value is not None:
+        return f"scored {t.value:g}: {t.reason}"
+    return t.reason or ""
+
+
+def print_report(
+    engine,
+    studies: list[str] | None,
+    fmt: str,
+    out: Path | None = None,
+    campaigns: list[str] | None = None,
+    standalone: bool = False,
+) -> None:
+    from mlrc.report.tables import ReportError, collect, render, summarize
+
+    try:
+        text = render(summarize(collect(engine, studies, campaigns)), fmt, standalone=standalone)
+    except ReportError as e:
+        fail(str(e))
+    if out is not None:
+        out.write_text(text, encoding="utf-8")
+        console.print(f"wrote {out}")
+    else:
+        print(text, end="" if text.endswith("\n") else "\n")
