@@ -51,21 +51,9 @@ def _keep_generated_html_literal() -> None:
 
 
 def _command_paths() -> list[str]:
-    import typer
+    from mlrc.cli import command_paths
 
-    from mlrc.cli import app
-
-    paths: list[str] = []
-
-    def walk(cmd, prefix: str) -> None:
-        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
-            if getattr(sub, "hidden", False):
-                continue
-            paths.append(f"{prefix} {name}")
-            walk(sub, f"{prefix} {name}")
-
-    walk(typer.main.get_command(app), "mlrc")
-    return paths
+    return command_paths()
 
 
 _SPHINX_ROLE = re.compile(r":(?:mod|func|class|meth|attr|data|obj|exc):(<code>)")

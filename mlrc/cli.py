@@ -642,5 +642,20 @@ def _add_subapps() -> None:
 
 _add_subapps()
 
+
+def command_paths() -> list[str]:
+    """Every visible command and sub-command as typed (``mlrc study run``), for the docs."""
+    paths: list[str] = []
+
+    def walk(command: object, prefix: str) -> None:
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            if not getattr(sub, "hidden", False):
+                paths.append(f"{prefix} {name}")
+                walk(sub, f"{prefix} {name}")
+
+    walk(typer.main.get_command(app), "mlrc")
+    return paths
+
+
 if __name__ == "__main__":
     app()

@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import typer
 from conftest import REPO, require
 
-from mlrc.cli import app
+from mlrc.cli import command_paths
 
 DOCS = REPO / "docs"
 MARKDOWN = [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
@@ -23,21 +22,6 @@ MARKDOWN = [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 CODE = re.compile(r"`[^`\n]*`")
-
-
-def command_paths() -> list[str]:
-    """Every command and sub-command of the Typer app, as typed: ``mlrc study run``."""
-    paths: list[str] = []
-
-    def walk(command, prefix: str) -> None:
-        for name, sub in sorted(getattr(command, "commands", {}).items()):
-            if getattr(sub, "hidden", False):
-                continue
-            paths.append(f"{prefix} {name}")
-            walk(sub, f"{prefix} {name}")
-
-    walk(typer.main.get_command(app), "mlrc")
-    return paths
 
 
 def relative_links(path: Path) -> list[str]:
