@@ -2,7 +2,7 @@
 
 An entry is a factory plus metadata (timm's model: registration carries the metadata, lookups
 read it): its keyword-only parameters and their defaults, their declared types
-(:mod:`mlrc.methods.params`), the docstring's first line, an optional search space and whatever
+(:mod:`mlrc.params`), the docstring's first line, an optional search space and whatever
 the kind adds (a loss's batch kind, see ``LossInfo``). Each kind keeps thin module-level
 functions (``losses.build``, ``miners.params``, ...) that call its registry.
 
@@ -38,7 +38,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from mlrc.methods.params import ParamType, declared_types
+from mlrc.params import ParamType, declared_types
 
 T = TypeVar("T")
 log = logging.getLogger("mlrc")

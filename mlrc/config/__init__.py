@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from mlrc.errors import first_line
-from mlrc.methods.params import ANY, ParamType, Range
+from mlrc.params import ANY, ParamType, Range
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS_DIR = REPO / "studies" / "presets"
@@ -849,7 +849,7 @@ def _resolve_miner(study: StudyConfig, spec: Any, source: str) -> tuple[dict, di
     return _plugin_space("miner", ref, accepted, source, miners.param_types(ref.name))
 
 
-# --- parameter types (declared by each plug-in, mlrc.methods.params) ----------------------------
+# --- parameter types (declared by each plug-in, mlrc.params) ----------------------------
 
 LOSS_LR_TYPE = ParamType("number", range=Range(gt=0))  # the loss optimiser's learning rate
 

@@ -20,7 +20,7 @@ PREFIX = "miner."
 
 available = MINERS.available
 params = MINERS.params  # accepted parameters of a miner and their defaults
-param_types = MINERS.param_types  # their declared types (mlrc.methods.params)
+param_types = MINERS.param_types  # their declared types (mlrc.params)
 build = MINERS.build  # build(name, **params); an unknown parameter is a TypeError naming them
 
 

@@ -22,7 +22,7 @@ from mlrc.campaign import load_campaign, resolve_campaign
 from mlrc.config import SPACES_DIR, ConfigError, StudyConfig, default_space, load_study, resolve
 from mlrc.data import available as datasets
 from mlrc.methods import losses, miners, strategies
-from mlrc.methods.params import ParamType
+from mlrc.params import ParamType
 
 BASE = {
     "name": "param-types",

@@ -29,7 +29,7 @@ class LossInfo(Entry):
     ``has_parameters``: the loss owns trainable parameters (then ``loss_lr`` is searched).
     ``loss_weight_decay``: weight decay of the loss optimiser when the protocol fixes it for this
     loss (MLRC trained the Margin losses' β without weight decay); None → the preset's.
-    ``types``: each parameter's declared type and range (:mod:`mlrc.methods.params`), read from
+    ``types``: each parameter's declared type and range (:mod:`mlrc.params`), read from
     the factory's annotations; a study's values are checked against them at validation.
     ``space``: the loss's own search-space file (plug-ins; see :mod:`mlrc.registry`).
     """
@@ -53,7 +53,7 @@ def register(
     space: str | Path | Any | None = None,
 ) -> Callable[[Callable[..., torch.nn.Module]], Callable[..., torch.nn.Module]]:
     """Decorator for ``factory(num_classes, embedding_size, **params)``; defaults and types
-    (annotations such as ``float``, ``Count``, ``Literal[...]``, see :mod:`mlrc.methods.params`)
+    (annotations such as ``float``, ``Count``, ``Literal[...]``, see :mod:`mlrc.params`)
     are read from it. ``space``: the loss's search-space file when it is not
     ``studies/spaces/<name>.yaml`` (a plug-in's; default: ``<name>.yaml`` beside its module)."""
     return LOSSES.register(

@@ -19,7 +19,7 @@ import torch.nn.functional as Fn
 from torch import Tensor, nn
 
 from mlrc.methods.losses import register
-from mlrc.methods.params import NonNegative, Positive
+from mlrc.params import NonNegative, Positive
 
 
 def segment_logsumexp(values: Tensor, segment: Tensor, n_segments: int) -> Tensor:

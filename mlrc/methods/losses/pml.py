@@ -4,7 +4,7 @@ Distances are PML defaults: L2 distance on L2-normalised embeddings for the pair
 (Contrastive, Triplet margins are distances), cosine similarity for NTXent/MultiSimilarity.
 Every factory's docstring (first line: the registry's ``doc``) cites the source and states the
 units; angles (ArcFace margin, Angular alpha) are in degrees, as PML takes them. Parameter
-annotations are checked at validation (:mod:`mlrc.methods.params`): ``Positive`` where the
+annotations are checked at validation (:mod:`mlrc.params`): ``Positive`` where the
 formula divides by the value, ``Count`` for bin and centre counts, ``Degrees`` for angles;
 margins and scales are any finite number (MLRC searched negative margins).
 """
@@ -16,7 +16,7 @@ from pytorch_metric_learning import losses as L
 from pytorch_metric_learning.regularizers import SparseCentersRegularizer, ZeroMeanRegularizer
 
 from mlrc.methods.losses import register
-from mlrc.methods.params import Count, Degrees, Positive
+from mlrc.params import Count, Degrees, Positive
 
 
 @register("contrastive", batch="pair")

@@ -39,7 +39,7 @@ STRATEGIES: Registry[Strategy] = Registry("strategy", group="mlrc.strategies")
 
 available = STRATEGIES.available
 params = STRATEGIES.params  # accepted parameters of a strategy and their defaults
-param_types = STRATEGIES.param_types  # their declared types (mlrc.methods.params)
+param_types = STRATEGIES.param_types  # their declared types (mlrc.params)
 
 
 def build(name: str | None, **kwargs: Any) -> Strategy:

@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as Fn
 from torch import Tensor, nn
 
-from mlrc.methods.params import Count, NonNegative, Range
+from mlrc.params import Count, NonNegative, Range
 from mlrc.methods.strategies import STRATEGIES, Strategy
 
 _BUFFERS = ("frm", "bank", "bank_size", "bank_ptr")

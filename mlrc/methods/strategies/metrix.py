@@ -108,7 +108,7 @@ from pytorch_metric_learning import losses as pml_losses
 from torch import Tensor, nn
 from torchvision.models import ResNet
 
-from mlrc.methods.params import Count, NonNegative, Positive
+from mlrc.params import Count, NonNegative, Positive
 from mlrc.methods.strategies import STRATEGIES, Strategy
 from mlrc.models.trunks import BNInception, SmallCNN
 

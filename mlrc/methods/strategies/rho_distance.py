@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as Fn
 from torch import Tensor, nn
 
-from mlrc.methods.params import Positive, Probability
+from mlrc.params import Positive, Probability
 from mlrc.methods.strategies import STRATEGIES, Strategy
 
 
