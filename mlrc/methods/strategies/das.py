@@ -60,8 +60,8 @@ import torch
 import torch.nn.functional as Fn
 from torch import Tensor, nn
 
-from mlrc.params import Count, NonNegative, Range
 from mlrc.methods.strategies import STRATEGIES, Strategy
+from mlrc.params import Count, NonNegative, Range
 
 _BUFFERS = ("frm", "bank", "bank_size", "bank_ptr")
 

@@ -108,9 +108,9 @@ from pytorch_metric_learning import losses as pml_losses
 from torch import Tensor, nn
 from torchvision.models import ResNet
 
-from mlrc.params import Count, NonNegative, Positive
 from mlrc.methods.strategies import STRATEGIES, Strategy
 from mlrc.models.trunks import BNInception, SmallCNN
+from mlrc.params import Count, NonNegative, Positive
 
 #: Registry name → the PML class whose generalised form (Eq. 9) is implemented here.
 SUPPORTED_LOSSES: dict[str, type[nn.Module]] = {

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as Fn
 from torch import Tensor, nn
 
-from mlrc.params import Positive, Probability
 from mlrc.methods.strategies import STRATEGIES, Strategy
+from mlrc.params import Positive, Probability
 
 
 def distance_weights(d: Tensor, dim: int, lower_cutoff: float = 0.5) -> Tensor:
