@@ -9,6 +9,7 @@ import pytest
 import torch
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
+from mlrc.protocol import knn as K
 from mlrc.protocol import metrics as M
 from mlrc.protocol.metrics import concatenate_embeddings, retrieval_metrics
 
@@ -149,9 +150,9 @@ TIE_HEAVY = (
 
 def metrics_on_both_paths(monkeypatch, x, y, normalize):
     """retrieval_metrics on the CPU (numpy) path and on the torch path (the one CUDA uses)."""
-    monkeypatch.setattr(M, "_NUMPY_ON_CPU", True)
+    monkeypatch.setattr(K, "_NUMPY_ON_CPU", True)
     cpu = retrieval_metrics(x, y, normalize=normalize)
-    monkeypatch.setattr(M, "_NUMPY_ON_CPU", False)
+    monkeypatch.setattr(K, "_NUMPY_ON_CPU", False)
     return cpu, retrieval_metrics(x, y, normalize=normalize)
 
 
@@ -203,8 +204,8 @@ def test_another_summation_order_is_caught(monkeypatch):
     another order (right to left here; BLAS, numpy's pairwise sum and GPU reductions each
     have their own) reorders near-ties of integer embeddings, and the values move."""
     x, y = tie_heavy("integer-valued")
-    left_to_right = M._sum_rows_left_to_right
-    monkeypatch.setattr(M, "_sum_rows_left_to_right", lambda a: left_to_right(np.flip(a, 1)))
+    left_to_right = K._sum_rows_left_to_right
+    monkeypatch.setattr(K, "_sum_rows_left_to_right", lambda a: left_to_right(np.flip(a, 1)))
     got, want = retrieval_metrics(x, y), naive_metrics(x, y)
     assert max(abs(got[k] - want[k]) for k in M.METRICS) > 1e-6
 
@@ -238,12 +239,12 @@ def test_zero_rows_stay_zero_and_tie_by_index(monkeypatch, torch_path):
     index): q0 → 2 (R = 1, miss); q1 → 3, 0 (R = 2, none); q2 → 0, 1 (R = 2, rank 2 hit:
     AP 1/4); q3 → 1 (R = 1, miss); q4 → 0, 2 (tie at distance 1; R = 2, rank 2 hit: AP 1/4;
     ties to the higher index would give 2, 0: AP 1/2, P@1 1)."""
-    monkeypatch.setattr(M, "_NUMPY_ON_CPU", not torch_path)
+    monkeypatch.setattr(K, "_NUMPY_ON_CPU", not torch_path)
     x = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [2.0, 0.0], [0.0, 3.0]], np.float32)
     y = np.array([0, 1, 1, 0, 1])
     got = retrieval_metrics(x, y)
     assert got == {"map_at_r": 0.1, "precision_at_1": 0.0, "r_precision": 0.2, "num_queries": 5}
-    assert M.ranked_vectors(torch.from_numpy(x))[[0, 2]].abs().sum() == 0
+    assert K.ranked_vectors(torch.from_numpy(x))[[0, 2]].abs().sum() == 0
 
 
 def test_normalisation_is_exact_for_any_scale():
@@ -251,11 +252,11 @@ def test_normalisation_is_exact_for_any_scale():
     to the very same bits, and give the same metrics."""
     x, y = tie_heavy("collinear, float")
     x64 = torch.from_numpy(x.astype(np.float64))
-    unit = M.ranked_vectors(x64)
+    unit = K.ranked_vectors(x64)
     assert torch.equal(unit, torch.from_numpy(plain_vectors(x)))
     assert torch.equal(x64, torch.from_numpy(x.astype(np.float64)))  # the input is untouched
     for scale in (2.0**600, 2.0**-600):
-        assert torch.equal(M.ranked_vectors(x64 * scale), unit)
+        assert torch.equal(K.ranked_vectors(x64 * scale), unit)
         assert retrieval_metrics(x64 * scale, y) == retrieval_metrics(x, y)
 
 
@@ -266,7 +267,7 @@ def test_tie_heavy_sets_cost_about_n_exact_distances(monkeypatch, torch_path, ki
     query): identical rows are scored once per distinct vector, collapsed ones separated in
     float32, so the exact distances number O(n·k) at most (the torch path scores its k + 8
     candidates), far from the n² = 9,000,000 of a per-query fallback."""
-    monkeypatch.setattr(M, "_NUMPY_ON_CPU", not torch_path)
+    monkeypatch.setattr(K, "_NUMPY_ON_CPU", not torch_path)
     rng = np.random.default_rng(3)
     x = np.repeat(rng.standard_normal((1, 32)), 3000, axis=0)
     if kind == "collapsed":
@@ -280,26 +281,26 @@ def test_tie_heavy_sets_cost_about_n_exact_distances(monkeypatch, torch_path, ki
 
 
 def spy(monkeypatch, name: str) -> list[tuple]:
-    """Record the arguments of every call to metrics.<name>."""
+    """Record the arguments of every call to knn.<name>."""
     calls: list[tuple] = []
-    original = getattr(M, name)
-    monkeypatch.setattr(M, name, lambda *a: calls.append(a) or original(*a))
+    original = getattr(K, name)
+    monkeypatch.setattr(K, name, lambda *a: calls.append(a) or original(*a))
     return calls
 
 
 @pytest.fixture
 def torch_path(monkeypatch):
     """Run retrieval_metrics's torch path (the one used on CUDA) on CPU."""
-    monkeypatch.setattr(M, "_NUMPY_ON_CPU", False)
+    monkeypatch.setattr(K, "_NUMPY_ON_CPU", False)
 
 
 @pytest.fixture
 def small_tiles(monkeypatch):
     """Several tiles, strips and pool prunings even on a few hundred items."""
-    monkeypatch.setattr(M, "_DENSE_PER_CANDIDATE", 0)
-    monkeypatch.setattr(M, "_TILE", 64)
-    monkeypatch.setattr(M, "_STRIP", 16)
-    monkeypatch.setattr(M, "_POOL_SLACK", 8)
+    monkeypatch.setattr(K, "_DENSE_PER_CANDIDATE", 0)
+    monkeypatch.setattr(K, "_TILE", 64)
+    monkeypatch.setattr(K, "_STRIP", 16)
+    monkeypatch.setattr(K, "_POOL_SLACK", 8)
 
 
 def test_collapsed_embeddings_are_certified_in_float32(monkeypatch):
@@ -374,7 +375,7 @@ def test_exact_ties_go_to_the_lower_index(monkeypatch, normalize, copies, groups
 def test_mostly_duplicated_rows_are_ranked_exactly_at_once(monkeypatch, torch_path):
     """At most a quarter of the rows distinct: no float32 search, every query ranked exactly
     at once, each distinct vector scored once against each distinct vector."""
-    monkeypatch.setattr(M, "_NUMPY_ON_CPU", not torch_path)
+    monkeypatch.setattr(K, "_NUMPY_ON_CPU", not torch_path)
     x, y = exact_copies(120, 60, 4)
     top, exact = spy(monkeypatch, "_exact_top"), spy(monkeypatch, "_pair_scores")
     got, want = retrieval_metrics(x, y), naive_metrics(x, y)
@@ -436,7 +437,7 @@ def test_torch_path_ties_at_the_candidate_boundary_fall_back_to_the_exact_rankin
 def test_torch_path_equals_the_numpy_path(torch_path, monkeypatch, normalize):
     x, y = clustered(30, 48, 6)
     got = retrieval_metrics(x, y, normalize=normalize)
-    monkeypatch.setattr(M, "_NUMPY_ON_CPU", True)
+    monkeypatch.setattr(K, "_NUMPY_ON_CPU", True)
     assert got == pytest.approx(retrieval_metrics(x, y, normalize=normalize), abs=1e-12)
 
 
@@ -478,7 +479,7 @@ def test_against_pml_on_several_tiles():
     )
     ref = calc.get_accuracy(torch.nn.functional.normalize(torch.from_numpy(x)), torch.from_numpy(y))
     got = retrieval_metrics(x, y)
-    assert len(x) > M._TILE and 0.05 < got["map_at_r"] < 0.95
+    assert len(x) > K._TILE and 0.05 < got["map_at_r"] < 0.95
     assert got["map_at_r"] == pytest.approx(ref["mean_average_precision_at_r"], abs=1e-6)
     assert got["precision_at_1"] == pytest.approx(ref["precision_at_1"], abs=1e-6)
     assert got["r_precision"] == pytest.approx(ref["r_precision"], abs=1e-6)
@@ -487,7 +488,7 @@ def test_against_pml_on_several_tiles():
 def test_torch_path_blocked_computation_equals_one_block(torch_path, monkeypatch):
     x, y = clustered(40, 32, 3)
     whole = retrieval_metrics(x, y)
-    monkeypatch.setattr(M, "_BLOCK_BYTES", 4 * len(x) * 37)  # 37 queries per block
+    monkeypatch.setattr(K, "_BLOCK_BYTES", 4 * len(x) * 37)  # 37 queries per block
     assert retrieval_metrics(x, y) == pytest.approx(whole, abs=1e-12)
 
 

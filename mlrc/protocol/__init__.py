@@ -1,15 +1,26 @@
-"""Pure protocol functions (no training, no store): splits, retrieval metrics, statistics."""
+"""Pure protocol functions (no training, no store): splits, retrieval metrics, statistics.
 
-from mlrc.protocol.metrics import concatenate_embeddings, retrieval_metrics
+Modules: :mod:`~mlrc.protocol.splits` (class-disjoint folds), :mod:`~mlrc.protocol.metrics`
+(MAP@R, R-Precision, P@1), :mod:`~mlrc.protocol.knn` (the exact k-NN search they read),
+:mod:`~mlrc.protocol.stats` (confidence intervals) and :mod:`~mlrc.protocol.analysis` (Recall@k,
+NMI, mAP@1000, ρ, π_ratio, utilization; imported on its own: it needs faiss and sklearn).
+"""
+
+from mlrc.protocol.knn import exact_knn, exact_neighbours, ranked_vectors
+from mlrc.protocol.metrics import METRICS, concatenate_embeddings, retrieval_metrics
 from mlrc.protocol.splits import Fold, Split, SplitError, mlrc_split
 from mlrc.protocol.stats import confidence_interval
 
 __all__ = [
+    "METRICS",
     "Fold",
     "Split",
     "SplitError",
     "concatenate_embeddings",
     "confidence_interval",
+    "exact_knn",
+    "exact_neighbours",
     "mlrc_split",
+    "ranked_vectors",
     "retrieval_metrics",
 ]

@@ -6,7 +6,7 @@ shared/seeds/ (000, 003) and the Revisiting reference code (github.com/Confusezi
 Revisiting_Deep_Metric_Learning_PyTorch, ``metrics/*.py``). Each function says which equation or
 code it follows and what it chose where paper and code disagree.
 
-Conventions, shared with :mod:`mlrc.protocol.metrics`:
+Conventions, shared with :mod:`mlrc.protocol.metrics` and :mod:`mlrc.protocol.knn`:
 
 - inputs are numpy arrays or torch tensors, embeddings (n × d) and integer labels (n,);
 - ``normalize=True`` L2-normalises the embeddings first (in float64). The Revisiting code computes
@@ -14,7 +14,7 @@ Conventions, shared with :mod:`mlrc.protocol.metrics`:
   it for raw embeddings;
 - neighbour searches are exact in float64: the query set *is* the reference set, each query's own
   row is excluded by index (a duplicate of another item still counts), exact ties go to the lower
-  index (``metrics.exact_knn`` for small k, direct float64 scores for mAP@1000's k = 1000).
+  index (``knn.exact_knn`` for small k, direct float64 scores for mAP@1000's k = 1000).
   Queries are processed in blocks of ≤ 256 MiB, so 60,000 × 512 fits in well under 1 GB beyond
   the embeddings;
 - every returned value is a Python float; rates are fractions in [0, 1], not percent.
@@ -34,13 +34,13 @@ import numpy as np
 import torch
 from sklearn.metrics import normalized_mutual_info_score
 
-from mlrc.protocol.metrics import ArrayLike, exact_knn, to_tensor
+from mlrc.protocol.knn import ArrayLike, check_embeddings, exact_knn, to_tensor
 
 # Bytes of one working block (float32 similarities, or float64 candidate vectors) at a time.
 _BLOCK_BYTES = 256 * 2**20
 
 MAP_WINDOW = 1000  # neighbours scored by mAP@1000
-_SMALL_K = 64  # largest k ranked by metrics.exact_knn (float32 candidates + certificate)
+_SMALL_K = 64  # largest k ranked by knn.exact_knn (float32 candidates + certificate)
 KMEANS_ITERATIONS = 20  # as the Revisiting code (and PML's FaissKMeans)
 
 
@@ -219,7 +219,7 @@ def embedding_density(
     """
     x = to_tensor(embeddings, "cpu").double()
     y = to_tensor(labels, "cpu").long().reshape(-1)
-    _check(x, y)
+    check_embeddings(x, y)
     norms = x.norm(dim=1, keepdim=True)
     if bool((norms == 0).any()):
         raise ValueError("an embedding is the zero vector: its cosine distance is undefined")
@@ -342,15 +342,6 @@ def analysis_metrics(
     return out
 
 
-def _check(x: torch.Tensor, y: torch.Tensor) -> None:
-    if x.ndim != 2 or x.shape[0] != y.shape[0]:
-        raise ValueError(
-            f"need embeddings (n, d) and labels (n,), got {tuple(x.shape)} and {tuple(y.shape)}"
-        )
-    if not torch.isfinite(x).all():
-        raise ValueError("embeddings contain NaN or infinite values")
-
-
 def _prepare(
     embeddings: ArrayLike,
     labels: ArrayLike,
@@ -361,7 +352,7 @@ def _prepare(
     x = to_tensor(embeddings, device)
     x64 = x.double()
     y = to_tensor(labels, x64.device).long().reshape(-1)
-    _check(x64, y)
+    check_embeddings(x64, y)
     if x64.shape[0] < 2:
         raise ValueError("need at least two items: a query needs another item to rank")
     if normalize:
@@ -374,7 +365,7 @@ def _knn_blocks(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(query indices, their k nearest other items) block by block, exact in float64.
 
-    Small k (Recall@k): ``metrics.exact_knn`` — float32 candidates, float64 re-ranking with a
+    Small k (Recall@k): ``knn.exact_knn`` — float32 candidates, float64 re-ranking with a
     certificate. Large k (mAP@1000): that certificate is too loose for the dense ranks near
     1000 and nearly every query would fall back to a full float64 ranking one by one, so the
     block's float64 scores are computed directly (:func:`_knn64`). A block holds at most
@@ -397,9 +388,10 @@ def _knn64(x64: torch.Tensor, q: torch.Tensor, k: int, normalize: bool) -> torch
     """Indices (len(q) × k) of each query's k nearest other items from float64 scores.
 
     Score: q·r on unit vectors, else 2q·r − ‖r‖² (same order as −‖q − r‖²; float64 dot
-    products, not ``metrics``' canonical squared distances, so exact ties of collapsed sets may
-    still rank differently on CPU and GPU here). Exact ties go to the lower index: the top k are re-sorted by index, then stably by
-    score; a row whose k-th score ties with a score outside the top k is sorted in full.
+    products, not ``knn``'s canonical squared distances, so exact ties of collapsed sets may
+    still rank differently on CPU and GPU here). Exact ties go to the lower index: the top k are
+    re-sorted by index, then stably by score; a row whose k-th score ties with a score outside
+    the top k is sorted in full.
     """
     n = x64.shape[0]
     rows = torch.arange(len(q), device=x64.device)
