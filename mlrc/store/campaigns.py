@@ -1,0 +1,109 @@
+"""What a campaign writes and reads: its membership (``mlrc_campaign_study``: one row per study,
+in campaign order, with the campaign's configuration) and each study's progress (every query of
+:mod:`mlrc.campaign`, named for what it does)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import delete, func, select
+
+from mlrc.store.engine import get_study, session, transact, upsert
+from mlrc.store.schema import CampaignStudy, FoldRun, TestResult, Trial
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.orm import Session
+
+__all__ = [
+    "StudyProgress",
+    "last_campaign_config",
+    "record_campaign",
+    "stored_configs",
+    "study_progress",
+]
+
+
+def stored_configs(engine: Engine, names: list[str]) -> dict[str, dict[str, Any]]:
+    """The configuration stored for each of the studies ``names`` that exists (one session)."""
+    configs = {}
+    with session(engine) as s:
+        for name in names:
+            row = get_study(s, name)
+            if row is not None:
+                configs[name] = row.config
+    return configs
+
+
+def record_campaign(
+    engine: Engine, name: str, members: list[tuple[int, int]], config: dict[str, Any]
+) -> None:
+    """Record campaign ``name``'s membership in one transaction: one row per ``(study_id,
+    position)`` of ``members`` with the campaign's ``config``; studies not in ``members`` leave
+    it."""
+    ids = [study_id for study_id, _ in members]
+
+    def write(s: Session) -> None:
+        s.execute(
+            delete(CampaignStudy).where(
+                CampaignStudy.campaign == name, CampaignStudy.study_id.not_in(ids)
+            )
+        )
+        for study_id, position in members:
+            upsert(
+                s,
+                CampaignStudy,
+                {"campaign": name, "study_id": study_id},
+                position=position,
+                campaign_config=config,
+            )
+
+    transact(engine, write, f"recording campaign {name}")
+
+
+def last_campaign_config(engine: Engine, name: str) -> dict[str, Any] | None:
+    """The configuration recorded by the last ``campaign run`` of ``name`` (None: unknown)."""
+    with session(engine) as s:
+        row = s.execute(
+            select(CampaignStudy)
+            .filter_by(campaign=name)
+            .order_by(CampaignStudy.id.desc())
+            .limit(1)
+        ).scalar_one_or_none()
+        return None if row is None else row.campaign_config
+
+
+@dataclass(frozen=True)
+class StudyProgress:
+    """What the store holds of one study's progress: its stored configuration, its trials'
+    ``(state, reason)`` in order, the number of reproductions tested and its test fold runs'
+    ``(status, reproduction, fold, reason)`` in order."""
+
+    config: dict[str, Any]
+    trials: list[tuple[str, str | None]]
+    reproductions: int
+    test_folds: list[tuple[str, int, int, str | None]]
+
+
+def study_progress(engine: Engine, name: str) -> StudyProgress | None:
+    """The progress of study ``name`` as stored (None: no such study), read in one session."""
+    with session(engine) as s:
+        st = get_study(s, name)
+        if st is None:
+            return None
+        trials = s.execute(
+            select(Trial.state, Trial.reason).filter_by(study_id=st.id).order_by(Trial.number)
+        ).all()
+        reps = s.execute(
+            select(func.count(func.distinct(TestResult.reproduction))).filter_by(
+                study_id=st.id, fold=-1
+            )
+        ).scalar()
+        folds = s.execute(
+            select(FoldRun)
+            .filter_by(study_id=st.id, kind="test")
+            .order_by(FoldRun.reproduction, FoldRun.fold)
+        ).scalars()
+        test_folds = [(f.status, f.reproduction, f.fold, f.reason) for f in folds]
+        return StudyProgress(st.config, [tuple(t) for t in trials], reps, test_folds)

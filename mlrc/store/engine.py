@@ -1,0 +1,212 @@
+"""Connections to the store: engines, locks, transactions.
+
+:func:`connect` is the door: an engine whose tables are at this mlrc's schema. The rest is what
+the query modules build on: :func:`session` / :func:`transact` (one transaction, re-run after a
+lost PostgreSQL connection), :func:`upsert` (idempotent writes), :func:`advisory_lock` (a
+cluster-wide mutex) and :func:`optuna_storage` (Optuna's storage on the same database). URLs,
+errors and retry are in :mod:`mlrc.store.reconnect`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from sqlalchemy import create_engine, event, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from mlrc.store.reconnect import (
+    URL_FORMS,
+    StoreError,
+    describe,
+    redact,
+    retry,
+    retry_connects,
+    shown,
+    sqlite_busy_s,
+)
+from mlrc.store.schema import Base, Study
+
+T = TypeVar("T")
+
+
+@contextmanager
+def advisory_lock(engine: Engine, name: str) -> Iterator[None]:
+    """A cluster-wide mutex named ``name`` (PostgreSQL advisory lock, released on disconnect,
+    so a killed holder never blocks the others). On SQLite a no-op: one process per study."""
+    if engine.dialect.name != "postgresql":
+        yield
+        return
+    from sqlalchemy import text
+
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    conn = retry(engine.connect, engine, "taking a lock")
+    try:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+        conn.commit()
+        yield
+    finally:
+        try:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+            conn.commit()
+        except Exception:  # connection gone: the server released the lock with it
+            pass
+        conn.close()
+
+
+def make_engine(url: str, read_only: bool = False) -> Engine:
+    """An engine for ``url`` as it is: no table is created or checked (see :func:`connect`).
+
+    A URL that cannot be used is a :class:`StoreError`; so is, when ``read_only``, a SQLite file
+    that does not exist (it is not created: a typo in the URL would show an empty store)."""
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        engine = create_engine(url, pool_pre_ping=True, future=True)
+    except (ArgumentError, ImportError, ValueError) as e:
+        raise StoreError(
+            f"{redact(url)}: cannot use this database URL ({e}; {URL_FORMS})"
+        ) from None
+    if "@" in (engine.url.host or ""):  # the host's name would show the rest of the password
+        raise StoreError(f"{redact(url)}: cannot use this database URL")
+    if engine.dialect.name == "sqlite":
+        database = sqlite_path(engine)
+        if read_only and database is not None and not os.path.exists(database):
+            raise StoreError(
+                f"{redact(url)}: no such database file ({database}); check --storage or "
+                "MLRC_STORAGE"
+            )
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return retry_connects(engine)
+
+
+def connect(url: str, read_only: bool = False) -> Engine:
+    """Engine for ``url``; creates mlrc's tables and Optuna's, or upgrades them to this mlrc's
+    schema (:func:`mlrc.store.migrate.prepare`), and refuses a store of a newer mlrc.
+
+    PostgreSQL engines ping pooled connections and retry lost ones (:func:`retry_connects`);
+    table creation is serialised by an advisory lock, so many workers may start at once.
+    ``read_only`` (commands that only read): a SQLite file that does not exist is a
+    :class:`StoreError` and is not created (a typo in the URL would show an empty store)."""
+    from mlrc.store.migrate import prepare  # the migrations build on this module
+
+    engine = make_engine(url, read_only)
+    prepare(engine, url)
+    return engine
+
+
+def sqlite_path(engine: Engine) -> str | None:
+    """The file of a SQLite engine (a ``file:`` URI's path part), None for PostgreSQL or an
+    in-memory database."""
+    import urllib.parse
+
+    database = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not database or database == ":memory:":
+        return None
+    if database.startswith("file:"):  # a URI filename (uri=true): its path part
+        return urllib.parse.urlsplit(database).path
+    return database
+
+
+@contextmanager
+def sqlite_file_lock(engine: Engine, name: str) -> Iterator[None]:
+    """On a SQLite file, an exclusive ``flock`` on ``<database>.<name>.lock`` (released when the
+    process dies); a no-op for PostgreSQL and in-memory databases."""
+    from filelock import FileLock
+
+    database = sqlite_path(engine)
+    # filelock would create a missing folder: SQLite is to name it ("unable to open database file")
+    if database is None or not os.path.isdir(os.path.dirname(os.path.abspath(database))):
+        yield
+        return
+    lock = FileLock(
+        f"{database}.{name}.lock",
+        thread_local=False,
+        preserve_lock_file=True,
+        fallback_to_soft=False,
+    )
+    try:
+        lock.acquire()
+    except OSError:  # a read-only folder: nothing can be created there, so nothing races
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def optuna_storage(url: str, **heartbeat: Any) -> Any:
+    """Optuna's RDB storage on the same database, with pinged, retrying connections.
+    ``heartbeat``: ``heartbeat_interval``, ``grace_period``, ``heartbeat_stale_trial_callback``."""
+    import optuna
+
+    kwargs = {"pool_pre_ping": True} if not url.startswith("sqlite") else {}
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **heartbeat)
+    retry_connects(storage.engine, connected=True)
+    return storage
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout={int(1000 * sqlite_busy_s())}")  # first: WAL may wait
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.close()
+
+
+@contextmanager
+def session(engine: Engine) -> Iterator[Session]:
+    """A transaction: committed on success, rolled back on any error. On SQLite an operational
+    error (locked past the busy timeout, a read-only file, a full disk) is a :class:`StoreError`."""
+    from sqlalchemy.exc import OperationalError
+
+    maker = sessionmaker(engine, expire_on_commit=False)
+    try:
+        with maker() as s, s.begin():
+            yield s
+    except OperationalError as e:
+        if engine.dialect.name != "sqlite":
+            raise  # PostgreSQL: a lost connection, which retry() waits out
+        raise StoreError(f"{shown(engine)}: {describe(e)}") from None
+
+
+# --- rows ----------------------------------------------------------------------
+
+
+def upsert(s: Session, model: type[Base], key: dict[str, Any], **values: Any) -> Base:
+    """Insert or update the row with natural key ``key``; returns it (flushed). Two processes
+    inserting the same key at once both succeed: the loser updates the winner's row."""
+    from sqlalchemy.exc import IntegrityError
+
+    row = s.execute(select(model).filter_by(**key)).scalar_one_or_none()
+    if row is None:
+        try:
+            with s.begin_nested():
+                row = model(**key, **values)
+                s.add(row)
+            return row
+        except IntegrityError:
+            row = s.execute(select(model).filter_by(**key)).scalar_one()
+    for k, v in values.items():
+        setattr(row, k, v)
+    s.flush()
+    return row
+
+
+def transact(engine: Engine, fn: Callable[[Session], T], what: str) -> T:
+    """``fn(session)`` in one transaction, re-run after a lost connection (see :func:`retry`)."""
+
+    def once() -> T:
+        with session(engine) as s:
+            return fn(s)
+
+    return retry(once, engine, what)
+
+
+def get_study(s: Session, name: str) -> Study | None:
+    """The study named ``name``, None when the store has none."""
+    return s.execute(select(Study).filter_by(name=name)).scalar_one_or_none()

@@ -1,0 +1,114 @@
+"""Reads for the test-result tables (:mod:`mlrc.report.tables`): which studies a selection
+names, and everything a table shows of them — final test results, complete trials' reasons,
+the untrained baselines they link to. Read-only; every function opens its own session."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+
+from mlrc.store.engine import session
+from mlrc.store.schema import Baseline, CampaignStudy, Study, StudyBaseline, TestResult, Trial
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.orm import Session
+
+__all__ = [
+    "TableInputs",
+    "campaign_names",
+    "campaign_study_names",
+    "existing_study_names",
+    "study_names",
+    "table_inputs",
+]
+
+
+def study_names(engine: Engine) -> list[str]:
+    """Every study's name, by dataset then name."""
+    with session(engine) as s:
+        rows = s.execute(select(Study.name).order_by(Study.dataset, Study.name)).all()
+        return [r.name for r in rows]
+
+
+def campaign_study_names(engine: Engine, campaign: str) -> list[str]:
+    """The names of ``campaign``'s studies by position (then name); empty for an unknown
+    campaign."""
+    with session(engine) as s:
+        members = s.execute(
+            select(Study.name)
+            .join(CampaignStudy, CampaignStudy.study_id == Study.id)
+            .where(CampaignStudy.campaign == campaign)
+            .order_by(CampaignStudy.position, Study.name)
+        ).all()
+        return [m.name for m in members]
+
+
+def campaign_names(engine: Engine) -> list[str]:
+    """Every campaign with a study in the store, sorted."""
+    with session(engine) as s:
+        return sorted(s.execute(select(CampaignStudy.campaign).distinct()).scalars())
+
+
+def existing_study_names(engine: Engine, names: list[str]) -> set[str]:
+    """Those of ``names`` that are studies in the store."""
+    with session(engine) as s:
+        return set(s.execute(select(Study.name).where(Study.name.in_(names))).scalars())
+
+
+@dataclass
+class TableInputs:
+    """What the test-result table shows of some studies, read in one transaction. The ORM rows
+    are detached (readable, not refreshed)."""
+
+    results: list[tuple[Study, TestResult]]  # final results (fold -1), each with its study
+    trial_reasons: list[tuple[int, str | None]]  # (study id, reason) per complete trial
+    baseline_links: dict[int, str]  # study id -> baseline key
+    baselines: dict[str, list[Baseline]] = field(default_factory=dict)  # key -> one per mode
+
+
+def table_inputs(engine: Engine, names: list[str]) -> TableInputs:
+    """The final test results of the studies ``names`` (studies without any are left out), the
+    reasons of their complete trials, and their untrained baselines."""
+    with session(engine) as s:
+        results = _final_results(s, names)
+        ids = list({st.id: st for st, _ in results})
+        links = _baseline_links(s, ids)
+        return TableInputs(
+            results=results,
+            trial_reasons=_complete_trial_reasons(s, ids),
+            baseline_links=links,
+            baselines=_baselines(s, sorted(set(links.values()))),
+        )
+
+
+def _final_results(s: Session, names: list[str]) -> list[tuple[Study, TestResult]]:
+    q = (
+        select(Study, TestResult)
+        .join(TestResult, TestResult.study_id == Study.id)
+        .where(TestResult.fold == -1, Study.name.in_(names))
+    )
+    return [(st, tr) for st, tr in s.execute(q).all()]
+
+
+def _complete_trial_reasons(s: Session, study_ids: list[int]) -> list[tuple[int, str | None]]:
+    q = select(Trial.study_id, Trial.reason).where(
+        Trial.study_id.in_(study_ids), Trial.state == "complete"
+    )
+    return [(study_id, reason) for study_id, reason in s.execute(q).all()]
+
+
+def _baseline_links(s: Session, study_ids: list[int]) -> dict[int, str]:
+    q = select(StudyBaseline.study_id, StudyBaseline.key).where(
+        StudyBaseline.study_id.in_(study_ids)
+    )
+    return dict(s.execute(q).all())
+
+
+def _baselines(s: Session, keys: list[str]) -> dict[str, list[Baseline]]:
+    out: dict[str, list[Baseline]] = {}
+    for b in s.execute(select(Baseline).where(Baseline.key.in_(keys))).scalars():
+        out.setdefault(b.key, []).append(b)
+    return out

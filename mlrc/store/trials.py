@@ -1,0 +1,387 @@
+"""What a study writes and reads while it runs: its row, its trials, fold runs, epochs, test
+results and the untrained baseline (every query of :mod:`mlrc.search`, named for what it does).
+
+Each write is one transaction, re-run after a lost connection (:func:`mlrc.store.transact`),
+and idempotent: rows are upserted on their natural keys. ``what`` in an error message says
+what was being done ("starting trial 3", ...)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, inspect, select, text, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+
+from mlrc.store.engine import StoreError, advisory_lock, get_study, session, transact, upsert
+from mlrc.store.schema import (
+    METRIC_COLUMNS,
+    Baseline,
+    EpochMetric,
+    FoldRun,
+    Study,
+    StudyBaseline,
+    TestResult,
+    Trial,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.orm import Session
+
+__all__ = [
+    "absolute_url",
+    "archive_study",
+    "ensure_study",
+    "finish_fold",
+    "finish_trial",
+    "fold_run",
+    "has_baseline",
+    "is_database_error",
+    "link_baseline",
+    "mark_trial",
+    "record_baseline",
+    "record_epoch",
+    "record_reproduction",
+    "reproduction_results",
+    "start_fold",
+    "start_trial",
+    "stored_config",
+    "study_status",
+    "trial_state",
+]
+
+
+# --- studies -----------------------------------------------------------------------------------
+
+
+def stored_config(engine: Engine, name: str) -> dict[str, Any] | None:
+    """The configuration stored for study ``name``, None when there is no such study."""
+
+    def read(s: Session) -> dict[str, Any] | None:
+        row = get_study(s, name)
+        return None if row is None else row.config
+
+    return transact(engine, read, "reading the study")
+
+
+def ensure_study(
+    engine: Engine,
+    name: str,
+    *,
+    dataset: str,
+    loss: str,
+    strategy: str | None,
+    preset: str,
+    config: dict[str, Any],
+    code_version: str,
+) -> tuple[int, dict[str, Any]]:
+    """The row id and stored configuration of study ``name``, the row created (with these
+    fields) when there is none. The caller compares the stored configuration with its own."""
+    with advisory_lock(engine, "mlrc-register"), session(engine) as s:
+        row = get_study(s, name)
+        if row is None:
+            row = Study(
+                name=name,
+                dataset=dataset,
+                loss=loss,
+                strategy=strategy,
+                preset=preset,
+                config=config,
+                code_version=code_version,
+            )
+            s.add(row)
+            s.flush()
+        return row.id, row.config
+
+
+def archive_study(engine: Engine, name: str, artifacts: Path) -> str:
+    """Rename a stored study, its Optuna study and its artifact directory
+    (``artifacts/NAME``) to ``NAME.old-K`` (the first free K) and point its checkpoint paths
+    there; nothing is deleted. Returns the new name."""
+    with advisory_lock(engine, "mlrc-register"), session(engine) as s:
+        taken = set(s.scalars(select(Study.name).where(Study.name.like(f"{name}.old-%"))))
+        new = next(f"{name}.old-{k}" for k in range(1, 10_000) if f"{name}.old-{k}" not in taken)
+        row = get_study(s, name)
+        row.name = new
+        if "studies" in inspect(s.connection()).get_table_names():  # Optuna's tables
+            s.execute(
+                text("UPDATE studies SET study_name = :new WHERE study_name = :old"),
+                {"new": new, "old": name},
+            )
+        src, dst = artifacts / name, artifacts / new
+        if src.exists():
+            s.execute(
+                update(FoldRun)
+                .where(FoldRun.study_id == row.id, FoldRun.checkpoint.like(f"{src}/%"))
+                .values(checkpoint=func.replace(FoldRun.checkpoint, f"{src}/", f"{dst}/"))
+            )
+            s.flush()
+            os.replace(src, dst)  # last: a failure before it rolls the rows back
+    return new
+
+
+def study_status(
+    engine: Engine, name: str
+) -> tuple[Study, list[Trial], dict[str, int], int] | None:
+    """For ``mlrc study status``: the study's row, its trials by number, the complete fold runs
+    per kind (``search``, ``test``) and the number of reproductions tested; None when there is
+    no study ``name``."""
+    with session(engine) as s:
+        st = get_study(s, name)
+        if st is None:
+            return None
+        trials = (
+            s.execute(select(Trial).filter_by(study_id=st.id).order_by(Trial.number))
+            .scalars()
+            .all()
+        )
+        folds = dict(
+            s.execute(
+                select(FoldRun.kind, func.count())
+                .filter_by(study_id=st.id, status="complete")
+                .group_by(FoldRun.kind)
+            ).all()
+        )
+        tests = s.execute(
+            select(func.count(func.distinct(TestResult.reproduction))).filter_by(study_id=st.id)
+        ).scalar()
+    return st, list(trials), folds, tests
+
+
+# --- trials ------------------------------------------------------------------------------------
+
+
+def _set_trial(engine: Engine, study_id: int, number: int, what: str, **values: Any) -> None:
+    transact(
+        engine,
+        lambda s: upsert(s, Trial, {"study_id": study_id, "number": number}, **values),
+        what,
+    )
+
+
+def start_trial(
+    engine: Engine, study_id: int, number: int, params: dict[str, Any], params_hash: str
+) -> None:
+    """Trial ``number`` is running with ``params`` (a retried trial's old outcome is cleared)."""
+    _set_trial(
+        engine,
+        study_id,
+        number,
+        f"starting trial {number}",
+        params=params,
+        params_hash=params_hash,
+        state="running",
+        value=None,
+        sem=None,
+        reason=None,
+    )
+
+
+def finish_trial(
+    engine: Engine,
+    study_id: int,
+    number: int,
+    state: str,
+    value: float | None,
+    sem: float | None,
+    reason: str | None,
+) -> None:
+    """Record how trial ``number`` ended: its state, value (mean val MAP@R), SEM and reason."""
+    _set_trial(
+        engine,
+        study_id,
+        number,
+        f"recording trial {number}",
+        state=state,
+        value=value,
+        sem=sem,
+        reason=reason,
+    )
+
+
+def mark_trial(
+    engine: Engine,
+    study_id: int,
+    number: int,
+    params: dict[str, Any],
+    params_hash: str,
+    state: str,
+    reason: str,
+    what: str | None = None,
+) -> None:
+    """Record trial ``number`` (with its parameters) as ended without a value: ``state`` is
+    ``interrupted``, ``pruned`` or ``failed``, ``reason`` says why. ``what``: for the error
+    message (default "recording trial N")."""
+    _set_trial(
+        engine,
+        study_id,
+        number,
+        what or f"recording trial {number}",
+        params=params,
+        params_hash=params_hash,
+        state=state,
+        value=None,
+        sem=None,
+        reason=reason,
+    )
+
+
+def trial_state(engine: Engine, study_id: int, number: int) -> str | None:
+    """The state recorded for trial ``number`` (``running``, ``complete``, ...), None if none."""
+    with session(engine) as s:
+        row = s.query(Trial).filter_by(study_id=study_id, number=number).one_or_none()
+        return row.state if row is not None else None
+
+
+# --- fold runs ---------------------------------------------------------------------------------
+
+
+def fold_run(engine: Engine, key: dict[str, Any], what: str) -> FoldRun | None:
+    """The fold run with natural key ``key`` (study_id, kind, params_hash, reproduction, fold),
+    None when it never started."""
+    return transact(
+        engine,
+        lambda s: s.execute(select(FoldRun).filter_by(**key)).scalar_one_or_none(),
+        f"reading {what}",
+    )
+
+
+def start_fold(engine: Engine, key: dict[str, Any], what: str, **values: Any) -> int:
+    """The fold run with natural key ``key`` is running (``values``: its trial number, seed,
+    device, code version); returns its row id (for :func:`record_epoch`)."""
+    return transact(
+        engine,
+        lambda s: upsert(s, FoldRun, key, status="running", reason=None, **values).id,
+        f"starting {what}",
+    )
+
+
+def record_epoch(
+    engine: Engine,
+    fold_run_id: int,
+    epoch: int,
+    what: str,
+    *,
+    train_loss: float | None,
+    map_at_r: float | None,
+    precision_at_1: float | None,
+    r_precision: float | None,
+) -> None:
+    """One validated epoch of a fold run: its training loss and validation metrics."""
+    transact(
+        engine,
+        lambda s: upsert(
+            s,
+            EpochMetric,
+            {"fold_run_id": fold_run_id, "epoch": epoch},
+            train_loss=train_loss,
+            map_at_r=map_at_r,
+            precision_at_1=precision_at_1,
+            r_precision=r_precision,
+        ),
+        f"recording epoch {epoch} of {what}",
+    )
+
+
+def finish_fold(engine: Engine, key: dict[str, Any], what: str, **values: Any) -> None:
+    """Record the outcome of the fold run with natural key ``key`` (status, reason, best epoch,
+    objective, checkpoint, wall time, provenance, best metrics)."""
+    transact(engine, lambda s: upsert(s, FoldRun, key, **values), f"recording {what}")
+
+
+# --- test stage --------------------------------------------------------------------------------
+
+
+def reproduction_results(engine: Engine, study_id: int, reproduction: int) -> list[TestResult]:
+    """The stored test rows of one reproduction (every fold and mode)."""
+    with session(engine) as s:
+        return list(
+            s.execute(select(TestResult).filter_by(study_id=study_id, reproduction=reproduction))
+            .scalars()
+            .all()
+        )
+
+
+def record_reproduction(
+    engine: Engine,
+    study_id: int,
+    reproduction: int,
+    params: dict[str, Any],
+    rows: list[tuple[str, int, dict[str, float]]],
+) -> None:
+    """All rows ``(mode, fold, metrics)`` of one reproduction, in one transaction; metrics other
+    than the metric columns go to ``extra``."""
+    with session(engine) as s:
+        for mode, fold, m in rows:
+            upsert(
+                s,
+                TestResult,
+                {"study_id": study_id, "reproduction": reproduction, "mode": mode, "fold": fold},
+                params=params,
+                extra={k: v for k, v in m.items() if k not in METRIC_COLUMNS},
+                **{k: m[k] for k in METRIC_COLUMNS},
+            )
+
+
+# --- the untrained baseline --------------------------------------------------------------------
+
+
+def has_baseline(engine: Engine, key: str) -> bool:
+    """Whether the untrained baseline with key ``key`` is computed."""
+
+    def have(s: Session) -> bool:
+        return s.execute(select(Baseline.id).filter_by(key=key)).first() is not None
+
+    return transact(engine, have, "reading the untrained baseline")
+
+
+def record_baseline(engine: Engine, key: str, metrics: dict[str, float], **fields: Any) -> None:
+    """The untrained baseline's rows (separated = concatenated: the trunk's own features);
+    ``fields``: dataset, kind, label, trunk, config, device, code_version."""
+
+    def write(s: Session) -> None:
+        for mode in ("separated", "concatenated"):
+            upsert(
+                s,
+                Baseline,
+                {"key": key, "mode": mode},
+                **fields,
+                extra={k: v for k, v in metrics.items() if k not in METRIC_COLUMNS},
+                **{k: metrics[k] for k in METRIC_COLUMNS},
+            )
+
+    transact(engine, write, "recording the untrained baseline")
+
+
+def link_baseline(engine: Engine, study_id: int, key: str) -> None:
+    """Link the study to the untrained baseline with key ``key`` (its tables' first row)."""
+
+    def link(s: Session) -> None:  # (not upsert: its own argument is called ``key``)
+        row = s.execute(select(StudyBaseline).filter_by(study_id=study_id)).scalar_one_or_none()
+        if row is None:
+            s.add(StudyBaseline(study_id=study_id, key=key))
+        else:
+            row.key = key
+
+    transact(engine, link, "linking the untrained baseline")
+
+
+# --- URLs and errors ---------------------------------------------------------------------------
+
+
+def absolute_url(url: str) -> str:
+    """A relative SQLite path made absolute (for processes that run in other directories, such
+    as Ray's trials); other URLs unchanged."""
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
+        return u.set(database=str(Path(u.database).resolve())).render_as_string(hide_password=False)
+    return url
+
+
+def is_database_error(e: BaseException) -> bool:
+    """Whether ``e`` is the database failing (a :class:`StoreError` or a driver error), not the
+    work being done."""
+    return isinstance(e, StoreError | DBAPIError)
