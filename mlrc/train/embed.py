@@ -1,0 +1,66 @@
+"""Views of a dataset (some classes, one transform) and embedding them in order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from mlrc.data.base import ImageDataset
+from mlrc.data.transforms import to_trunk_input
+from mlrc.train.model import Model
+
+
+class View(Dataset):
+    """Samples of some classes, with a transform and labels remapped to 0..n−1 (for the loss)."""
+
+    def __init__(self, ds: ImageDataset, classes: Sequence[int], transform: Callable) -> None:
+        classes = np.asarray(sorted(classes))
+        self.ds, self.transform = ds, transform
+        self.indices = np.flatnonzero(np.isin(ds.labels, classes))
+        self.labels = np.searchsorted(classes, ds.labels[self.indices])
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.transform(self.ds.load_image(int(self.indices[i]))), int(self.labels[i])
+
+
+class IndexedView(Dataset):
+    """(image, label, position in the view): lets memory-bank samplers update their rows."""
+
+    def __init__(self, view: View) -> None:
+        self.view = view
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
+        return (*self.view[i], i)
+
+
+@torch.no_grad()
+def embed(
+    model: Model,
+    dataset: Dataset | DataLoader,
+    batch_size: int,
+    device: str,
+    num_workers: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Embeddings (n × d float32, not normalised) and labels of ``dataset``, in order.
+    A ready ``DataLoader`` (e.g. with pinned memory and persistent workers) is used as given."""
+    model.eval()
+    out, labels = [], []
+    loader = (
+        dataset
+        if isinstance(dataset, DataLoader)
+        else DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+    )
+    for x, y in loader:
+        x = to_trunk_input(x.to(device, non_blocking=loader.pin_memory), model.trunk.input_spec)
+        out.append(model(x).float().cpu())
+        labels.append(y)
+    return torch.cat(out).numpy(), torch.cat(labels).numpy()

@@ -1,0 +1,364 @@
+"""Train one fold until validation MAP@R stops improving (MLRC §1.5–1.7).
+
+Knows nothing of Optuna or the store: :func:`train_fold` takes a
+:class:`~mlrc.train.spec.FoldSpec`, reports each validation through a callback, and returns a
+:class:`~mlrc.train.spec.FoldResult`. Like pytorch-metric-learning's trainer, the loop is a few
+named steps over one :class:`FoldRun`:
+
+- :func:`resume_or_adopt` → :func:`~mlrc.train.setup.build_fold` → :func:`restore` (resumed) or
+  :func:`validate_untrained` (epoch 0);
+- per epoch, :func:`train_epoch` (per batch :func:`calculate_loss`, :func:`step_optimizers`),
+  then :func:`end_of_epoch` (:func:`validate`, :func:`consider_best`, :func:`should_stop`,
+  :func:`record_epoch`);
+- :func:`finish`: the result, also recorded in ``last.pt``.
+
+Checkpoints (``last.pt``, ``best.pt`` in ``spec.workdir``) are described in
+:mod:`mlrc.train.checkpoint`. Re-running a fold whose ``last.pt`` exists resumes after the last
+finished epoch (a process killed with SIGKILL loses at most one epoch); a finished fold returns
+its result without training. ``last.pt`` records the fold's ``identity`` (what defines its
+numbers: protocol, parameters, fold, reproduction, seed) and the device and code version that
+computed it: a checkpoint whose recorded identity differs from the spec's is never adopted (the
+fold is trained again, said once in the log), and an adopted result keeps the provenance of the
+run that computed it.
+
+Best epoch, as the reference harness (powerful-benchmarker + PML's ``HookContainer``):
+
+- epoch 0 is the untrained model (trunk + random embedder, the reference's
+  "untrained_trunk_and_embedder"). Like PML's ``get_best_epoch_and_accuracy(ignore_epoch=(-1,))``
+  it *is* a candidate for the best epoch: it starts the patience clock and, if no trained epoch
+  beats it, ``best.pt`` keeps it. Ties keep the earlier epoch.
+- the value handed to the search (:attr:`FoldResult.objective`) is the best validation MAP@R over
+  *trained* epochs (≥ 1), as the reference's aggregator ignores the untrained epochs.
+- stop when ``epoch − best_epoch > patience`` (checked at validation epochs).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from mlrc.data.transforms import to_trunk_input
+from mlrc.models.trunks import freeze_batchnorm
+from mlrc.protocol import retrieval_metrics
+from mlrc.train.checkpoint import (
+    adopted,
+    atomic_save,
+    commit_best,
+    plain,
+    resume_state,
+    save_pending_best,
+    set_aside,
+)
+from mlrc.train.embed import View, embed
+from mlrc.train.setup import FoldParts, build_fold
+from mlrc.train.spec import NONFINITE, EpochRecord, FoldResult, FoldSpec, trained_best
+
+METRICS = ("map_at_r", "precision_at_1", "r_precision")  # of an EpochRecord, kept for the best
+
+
+@dataclass
+class FoldRun:
+    """One fold being trained: its parts and what the loop has seen so far."""
+
+    spec: FoldSpec
+    parts: FoldParts
+    on_validation: Callable[[EpochRecord], None] | None
+    t0: float  # time.monotonic() at the start, minus the wall time of the runs it resumes
+    validate_every: int  # epochs
+    patience: int  # epochs
+    history: list[EpochRecord] = field(default_factory=list)
+    best_epoch: int | None = None
+    best: dict[str, float] | None = None  # METRICS of best_epoch (fractions)
+    start_epoch: int = 1  # the first epoch this run trains
+
+    @property
+    def last(self) -> Path:
+        return self.spec.workdir / "last.pt"
+
+    @property
+    def best_path(self) -> Path:
+        return self.spec.workdir / "best.pt"
+
+
+def train_fold(
+    spec: FoldSpec, on_validation: Callable[[EpochRecord], None] | None = None
+) -> FoldResult:
+    """Train (or resume) one fold; see the module docstring. ``on_validation`` gets each new
+    validation (epoch 0 included) as soon as it is computed, before ``last.pt`` records it."""
+    t0 = time.monotonic()
+    state = resume_or_adopt(spec)
+    if isinstance(state, FoldResult):
+        return state
+    p = spec.preset
+    run = FoldRun(
+        spec,
+        build_fold(spec),
+        on_validation,
+        t0,
+        validate_every=p.per_dataset("validate_every", spec.dataset_name),
+        patience=p.per_dataset("patience", spec.dataset_name),
+    )
+    if state is not None:
+        restore(run, state)
+    elif (failed := validate_untrained(run)) is not None:
+        return failed
+    bar = progress_bar(run)
+    try:
+        for epoch in range(run.start_epoch, p.max_epochs + 1):
+            train_loss = train_epoch(run, epoch, bar)
+            if isinstance(train_loss, FoldResult):
+                return train_loss
+            if (done := end_of_epoch(run, epoch, train_loss)) is not None:
+                return done
+        return finish(run, "complete", None, p.max_epochs)
+    finally:
+        bar.close()
+
+
+def resume_or_adopt(spec: FoldSpec) -> dict[str, Any] | FoldResult | None:
+    """What ``spec.workdir`` holds for this fold: the finished result to adopt, the ``last.pt``
+    state to resume from, or ``None`` (train from the start). A folder computed under another
+    identity is set aside first (:func:`~mlrc.train.checkpoint.set_aside`)."""
+    spec.workdir.mkdir(parents=True, exist_ok=True)
+    state = resume_state(spec.workdir / "last.pt", spec.workdir / "best.pt")
+    if state is not None and state.get("identity", {}) != plain(spec.identity):
+        set_aside(spec.workdir, state.get("identity", {}), plain(spec.identity))
+        spec.workdir.mkdir(parents=True, exist_ok=True)
+        state = None
+    if state is not None and state.get("result") is not None:
+        return adopted(state)
+    return state
+
+
+def restore(run: FoldRun, state: dict[str, Any]) -> None:
+    """Continue after the last finished epoch of ``state`` (``last.pt``): weights, optimisers,
+    sampler, strategy, AMP scaler and torch RNG as they were, with the history and best so far."""
+    parts = run.parts
+    parts.model.load_state_dict(state["model"])
+    parts.loss_fn.load_state_dict(state["loss"])
+    parts.opt.load_state_dict(state["opt"])
+    if parts.loss_opt is not None:
+        parts.loss_opt.load_state_dict(state["loss_opt"])
+    parts.sampler.set_state(state["sampler"])
+    if state.get("strategy") is not None:
+        parts.strategy.load_state_dict(state["strategy"])
+    if state.get("scaler"):  # fp16 only; empty when the scaler is disabled
+        parts.scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["torch_rng"])
+    run.history = [EpochRecord(**h) for h in state["history"]]
+    run.best_epoch, run.best = state["best_epoch"], state["best"]
+    run.start_epoch = state["epoch"] + 1
+    run.t0 -= state["wall_time_s"]
+
+
+def validate_untrained(run: FoldRun) -> FoldResult | None:
+    """Epoch 0: the untrained model, a candidate for best (as PML's hooks); the failed result
+    if its embeddings are non-finite."""
+    rec = validate(run, 0, None)
+    if isinstance(rec, str):
+        return finish(run, "failed", rec, 0)
+    consider_best(run, rec)
+    record_epoch(run, 0)
+    return None
+
+
+def progress_bar(run: FoldRun) -> tqdm:
+    """A bar over all iterations of the fold, starting after the epochs already trained."""
+    p = run.spec.preset
+    return tqdm(
+        total=p.max_epochs * p.iterations_per_epoch,
+        initial=(run.start_epoch - 1) * p.iterations_per_epoch,
+        desc=run.spec.desc,
+        unit="it",
+        disable=None if run.spec.progress else True,  # None: off when stderr is not a terminal
+        leave=False,
+        dynamic_ncols=True,
+    )
+
+
+def train_mode(run: FoldRun) -> None:
+    """The model in training mode, its trunk's batch norms frozen if the preset says so."""
+    run.parts.model.train()
+    if run.spec.preset.freeze_batchnorm:
+        freeze_batchnorm(run.parts.model.trunk)
+
+
+def train_epoch(run: FoldRun, epoch: int, bar: tqdm) -> float | FoldResult:
+    """One epoch of ``iterations_per_epoch`` batches: the mean training loss, or the failed
+    result when the loss goes non-finite (``last.pt`` then ends at epoch − 1)."""
+    p = run.spec.preset
+    train_mode(run)
+    loss_sum, n = 0.0, 0
+    if run.parts.sampler.needs_bank and epoch == run.start_epoch:
+        fill_bank(run)
+    for x, y, idx in run.parts.train_loader:
+        it = (epoch - 1) * p.iterations_per_epoch + n + 1  # 1-based over the whole fold
+        loss = calculate_loss(run, x, y, idx)
+        if not torch.isfinite(loss):
+            return finish(run, "failed", f"{NONFINITE} loss at iteration {it}", epoch - 1)
+        step_optimizers(run.parts, loss)
+        loss_sum, n = loss_sum + loss.item(), n + 1
+        bar.update(1)
+        bar.set_postfix(
+            epoch=epoch,
+            loss=f"{loss_sum / n:.4f}",
+            best_map_r=f"{run.best['map_at_r']:.4f}" if run.best else "-",
+        )
+    return loss_sum / max(n, 1)
+
+
+def fill_bank(run: FoldRun) -> None:
+    """A memory-bank sampler's bank at the start of a run: the embeddings of every training
+    image under the current model (validation transform), then back to training mode."""
+    parts, spec, p = run.parts, run.spec, run.spec.preset
+    bank_view = View(parts.dataset, spec.train_classes, parts.val_set.transform)
+    bank, _ = embed(parts.model, bank_view, p.eval_batch_size, spec.device, p.num_workers)
+    parts.sampler.set_bank(torch.from_numpy(bank))
+    train_mode(run)
+
+
+def calculate_loss(
+    run: FoldRun, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor
+) -> torch.Tensor:
+    """The strategy's loss of one batch (images ``x``, labels ``y``, positions ``idx`` in the
+    training view); a memory-bank sampler gets the batch's clean embeddings (the output of the
+    first forward pass) for its rows ``idx``."""
+    parts, device = run.parts, run.spec.device
+    pin = parts.train_loader.pin_memory
+    captured: list[torch.Tensor] = []
+    hook = (
+        parts.model.register_forward_hook(
+            lambda _m, _i, out, c=captured: None if c else c.append(out.detach())
+        )
+        if parts.sampler.needs_bank
+        else None
+    )
+    try:
+        loss = parts.strategy.batch_loss(
+            parts.model,
+            parts.loss_fn,
+            parts.miner,
+            to_trunk_input(x.to(device, non_blocking=pin), parts.model.trunk.input_spec),
+            y.to(device, non_blocking=pin),
+        )
+    finally:
+        if hook is not None:
+            hook.remove()
+    if captured:
+        parts.sampler.update(idx, captured[0].float().cpu())
+    return loss
+
+
+def step_optimizers(parts: FoldParts, loss: torch.Tensor) -> None:
+    """Backward pass and one step of the model's and the loss's optimisers; with fp16 through
+    the AMP scaler (scaled gradients, steps skipped on inf/NaN)."""
+    optimizers = [o for o in (parts.opt, parts.loss_opt) if o is not None]
+    for o in optimizers:
+        o.zero_grad(set_to_none=True)
+    if parts.scaler.is_enabled():
+        parts.scaler.scale(loss).backward()
+        for o in optimizers:
+            parts.scaler.step(o)
+        parts.scaler.update()
+    else:
+        loss.backward()
+        for o in optimizers:
+            o.step()
+
+
+def end_of_epoch(run: FoldRun, epoch: int, train_loss: float) -> FoldResult | None:
+    """Validate (every ``validate_every`` epochs and at the last), keep a new best, stop on
+    patience or record the epoch in ``last.pt``; the fold's result when it ends here."""
+    p = run.spec.preset
+    if epoch % run.validate_every == 0 or epoch == p.max_epochs:
+        rec = validate(run, epoch, train_loss)
+        if isinstance(rec, str):
+            return finish(run, "failed", rec, epoch)
+        consider_best(run, rec)
+        if should_stop(run, epoch):
+            return finish(run, "complete", None, epoch)
+    record_epoch(run, epoch)
+    return None
+
+
+def validate(run: FoldRun, epoch: int, train_loss: float | None) -> EpochRecord | str:
+    """Validation metrics of the current model, added to the history and handed to
+    ``on_validation``; the failure reason (a string) when the embeddings are non-finite."""
+    parts, spec = run.parts, run.spec
+    emb, lab = embed(parts.model, parts.val_loader, spec.preset.eval_batch_size, spec.device)
+    if not np.isfinite(emb).all():
+        return f"{NONFINITE} embeddings at validation, epoch {epoch}"
+    m = retrieval_metrics(emb, lab, device=spec.device)
+    rec = EpochRecord(epoch, train_loss, m["map_at_r"], m["precision_at_1"], m["r_precision"])
+    run.history.append(rec)
+    if run.on_validation is not None:
+        run.on_validation(rec)
+    return rec
+
+
+def consider_best(run: FoldRun, rec: EpochRecord) -> None:
+    """A new best epoch (strictly higher val MAP@R; ties keep the earlier epoch, as PML's
+    hooks): its model goes to ``best.pending-e<epoch>.pt`` until ``last.pt`` records it."""
+    if run.best is None or rec.map_at_r > run.best["map_at_r"]:
+        run.best_epoch = rec.epoch
+        run.best = {k: getattr(rec, k) for k in METRICS}
+        save_pending_best(run.parts.model.state_dict(), run.best_path, rec.epoch)
+
+
+def should_stop(run: FoldRun, epoch: int) -> bool:
+    """Early stopping: more than ``patience`` epochs since the best (epoch 0 counts)."""
+    return epoch - run.best_epoch > run.patience
+
+
+def record_epoch(run: FoldRun, epoch: int) -> None:
+    """``last.pt`` after a finished epoch, then ``best.pt`` (only once ``last.pt`` knows it)."""
+    save_last(run, epoch)
+    commit_best(run.best_path, run.best_epoch)
+
+
+def save_last(run: FoldRun, epoch: int, res: FoldResult | None = None) -> None:
+    """Write ``last.pt``: everything needed to resume after ``epoch``, and ``res`` if final."""
+    parts = run.parts
+    state = {
+        "model": parts.model.state_dict(),
+        "loss": parts.loss_fn.state_dict(),
+        "opt": parts.opt.state_dict(),
+        "loss_opt": parts.loss_opt.state_dict() if parts.loss_opt is not None else None,
+        "sampler": plain(parts.sampler.state()),
+        "strategy": parts.strategy.state_dict(),
+        "scaler": parts.scaler.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "epoch": epoch,
+        "best_epoch": run.best_epoch,
+        "best": plain(run.best),
+        "history": plain([asdict(h) for h in run.history]),
+        "wall_time_s": time.monotonic() - run.t0,
+        "identity": plain(run.spec.identity),
+        "result": plain({k: v for k, v in asdict(res).items() if k != "history"}) if res else None,
+    }
+    atomic_save(state, run.last)
+
+
+def finish(run: FoldRun, status: str, reason: str | None, epoch: int) -> FoldResult:
+    """The fold's result (``status`` complete | failed), recorded in ``last.pt`` at ``epoch``."""
+    res = FoldResult(
+        status,
+        reason,
+        run.best_epoch,
+        run.best,
+        run.history,
+        str(run.best_path) if run.best is not None else None,
+        time.monotonic() - run.t0,
+        objective=trained_best(run.history),
+        device=run.spec.device,
+        code_version=run.spec.code_version,
+    )
+    save_last(run, epoch, res)
+    return res

@@ -1,0 +1,146 @@
+"""Everything a fold trains with, built from its :class:`~mlrc.train.spec.FoldSpec`: model,
+loss, miner, strategy, optimisers, AMP scaler, sampler and data loaders.
+
+The build order is part of the numbers: after ``torch.manual_seed(spec.seed)`` the model, then
+the loss, then the strategy draw their initial weights from the torch RNG, in that order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from mlrc.config import Preset
+from mlrc.data.base import ImageDataset
+from mlrc.data.transforms import eval_transform, train_transform
+from mlrc.methods import losses, miners, samplers, strategies
+from mlrc.train.embed import IndexedView, View
+from mlrc.train.model import Model, build_model
+from mlrc.train.spec import FoldSpec
+
+
+def loader_options(preset: Preset, device: str) -> dict[str, Any]:
+    """DataLoader fast paths of the preset: pinned memory only when copying to a CUDA device,
+    persistent workers only with worker processes (both are no-ops otherwise)."""
+    cuda = torch.device(device).type == "cuda"
+    return {
+        "num_workers": preset.num_workers,
+        "pin_memory": preset.pin_memory and cuda,
+        "persistent_workers": preset.persistent_workers and preset.num_workers > 0,
+    }
+
+
+@dataclass
+class FoldParts:
+    """What one fold trains with. ``loss_opt`` exists only for a loss with parameters;
+    ``dataset`` is the spec's, or its decoded cache when the preset asks for one."""
+
+    model: Model
+    loss_fn: torch.nn.Module
+    opt: torch.optim.Optimizer
+    loss_opt: torch.optim.Optimizer | None
+    miner: Any
+    strategy: Any
+    scaler: torch.amp.GradScaler
+    sampler: Any
+    dataset: ImageDataset
+    val_set: View
+    train_loader: DataLoader
+    val_loader: DataLoader
+
+
+def build_fold(spec: FoldSpec) -> FoldParts:
+    """Seed the torch RNG with ``spec.seed`` and build the fold's parts (see the module
+    docstring for the order). Raises ``ValueError`` for a loss with parameters but no
+    ``loss_lr``."""
+    p = spec.preset
+    torch.manual_seed(spec.seed)
+    model = build_model(p).to(spec.device).fast_paths(p.amp, p.channels_last)
+    if torch.device(spec.device).type == "cuda":
+        torch.backends.cudnn.benchmark = p.cudnn_benchmark
+    scaler = torch.amp.GradScaler(torch.device(spec.device).type, enabled=p.amp == "fp16")
+    info = losses.info(spec.loss)
+    loss_fn = losses.build(
+        spec.loss,
+        num_classes=len(spec.train_classes),
+        embedding_size=p.embedding_size,
+        **spec.loss_params,
+    ).to(spec.device)
+    opt = torch.optim.RMSprop(
+        model.parameters(),
+        lr=p.optimizer.lr,
+        weight_decay=p.optimizer.weight_decay,
+        momentum=p.optimizer.momentum,
+    )
+    miner = miners.build(spec.miner, **spec.miner_params) if spec.miner else None
+    strategy = strategies.build(spec.strategy, **spec.strategy_params).to(spec.device)
+    loss_opt = _loss_optimizer(spec, loss_fn, info.loss_weight_decay)
+    dataset, train_set, val_set = _views(spec, model)
+    sampler = samplers.build(
+        spec.sampler,
+        labels=train_set.labels,
+        batch_size=p.batch.size,
+        m=p.batch.images_per_class[info.batch],
+        iterations=p.iterations_per_epoch,
+        seed=spec.seed,
+        **spec.sampler_params,
+    )
+    data_opts = loader_options(p, spec.device)
+    train_loader = DataLoader(IndexedView(train_set), batch_sampler=sampler, **data_opts)
+    val_loader = DataLoader(val_set, batch_size=p.eval_batch_size, **data_opts)
+    return FoldParts(
+        model=model,
+        loss_fn=loss_fn,
+        opt=opt,
+        loss_opt=loss_opt,
+        miner=miner,
+        strategy=strategy,
+        scaler=scaler,
+        sampler=sampler,
+        dataset=dataset,
+        val_set=val_set,
+        train_loader=train_loader,
+        val_loader=val_loader,
+    )
+
+
+def _loss_optimizer(
+    spec: FoldSpec, loss_fn: torch.nn.Module, loss_weight_decay: float | None
+) -> torch.optim.Optimizer | None:
+    """RMSprop for the loss's own parameters (``None`` when it has none) at ``spec.loss_lr``;
+    the loss's registered weight decay, if any, replaces the preset's (margin's beta: 0)."""
+    params = list(loss_fn.parameters())
+    if not params:
+        return None
+    if spec.loss_lr is None:
+        raise ValueError(f"loss {spec.loss!r} has parameters but no loss_lr was given")
+    lo = spec.preset.loss_optimizer
+    return torch.optim.RMSprop(
+        params,
+        lr=spec.loss_lr,
+        weight_decay=lo.weight_decay if loss_weight_decay is None else loss_weight_decay,
+        momentum=lo.momentum,
+    )
+
+
+def _views(spec: FoldSpec, model: Model) -> tuple[ImageDataset, View, View]:
+    """The dataset (decoded once and resized to ``image.resize`` when the preset has
+    ``decoded_cache``: the same tensors, no JPEG decoding) and its training and validation views.
+    Both give uint8 batches (4× smaller copies), normalised on the device."""
+    p, im, spec_in = spec.preset, spec.preset.image, model.trunk.input_spec
+    dataset = spec.dataset
+    if p.decoded_cache:
+        from mlrc.data.cache import decoded_cache, default_cache_dir
+
+        dataset = decoded_cache(dataset, im.resize, default_cache_dir(), progress=spec.progress)
+    train_set = View(
+        dataset,
+        spec.train_classes,
+        train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, spec_in, uint8=True),
+    )
+    val_set = View(
+        dataset, spec.val_classes, eval_transform(im.resize, im.crop, spec_in, uint8=True)
+    )
+    return dataset, train_set, val_set

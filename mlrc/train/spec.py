@@ -1,0 +1,83 @@
+"""What a fold is: its job (:class:`FoldSpec`) and what training it gives back
+(:class:`EpochRecord` per validation, :class:`FoldResult` at the end)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlrc.config import Preset
+from mlrc.data.base import ImageDataset
+
+
+@dataclass
+class FoldSpec:
+    """One fold's training job. Classes are dataset label ids; metrics are fractions."""
+
+    dataset: ImageDataset
+    dataset_name: str
+    train_classes: Sequence[int]
+    val_classes: Sequence[int]
+    loss: str
+    loss_params: dict[str, Any]
+    loss_lr: float | None
+    preset: Preset
+    seed: int
+    workdir: Path
+    device: str = "cpu"
+    miner: str | None = None
+    miner_params: dict[str, Any] = field(default_factory=dict)
+    strategy: str | None = None
+    strategy_params: dict[str, Any] = field(default_factory=dict)
+    sampler: str = "m_per_class"
+    sampler_params: dict[str, Any] = field(default_factory=dict)
+    desc: str = "fold"
+    progress: bool = True
+    identity: dict[str, Any] = field(default_factory=dict)  # what defines its numbers
+    code_version: str | None = None
+
+
+@dataclass
+class EpochRecord:
+    """One validation: the mean training loss of the epoch (``None`` at epoch 0) and the
+    validation metrics (fractions)."""
+
+    epoch: int  # 0 = before training (a candidate for best, not for the objective)
+    train_loss: float | None
+    map_at_r: float
+    precision_at_1: float
+    r_precision: float
+
+
+NONFINITE = "non-finite"  # failure reasons of a loss or embeddings gone NaN/inf start with it
+
+
+@dataclass
+class FoldResult:
+    """``best``: validation metrics (fractions) of ``best_epoch``, the epoch ``best.pt`` holds
+    (may be 0); ``objective``: the best validation MAP@R over trained epochs (≥ 1), the value
+    the search sees. ``device``/``code_version``: of the run that computed the result."""
+
+    status: str  # complete | failed
+    reason: str | None
+    best_epoch: int | None
+    best: dict[str, float] | None
+    history: list[EpochRecord] = field(default_factory=list)
+    checkpoint: str | None = None
+    wall_time_s: float = 0.0
+    objective: float | None = None
+    device: str | None = None
+    code_version: str | None = None
+
+    @property
+    def nonfinite(self) -> bool:
+        """Failed because the loss or the embeddings went NaN/inf (the reference scores 0)."""
+        return self.status == "failed" and (self.reason or "").startswith(NONFINITE)
+
+
+def trained_best(history: Sequence[EpochRecord]) -> float | None:
+    """Best validation MAP@R over trained epochs (≥ 1): the reference aggregator's value."""
+    trained = [h.map_at_r for h in history if h.epoch >= 1]
+    return max(trained) if trained else None
