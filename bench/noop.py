@@ -10,8 +10,8 @@ import random
 import sys
 from pathlib import Path
 
-import mlrc.search.study as study
-from mlrc.train.fold import FoldResult, FoldSpec
+import mlrc.search.folds as folds
+from mlrc.train import FoldResult, FoldSpec
 
 
 def noop_train_fold(spec: FoldSpec, on_validation=None) -> FoldResult:
@@ -27,7 +27,7 @@ def noop_train_fold(spec: FoldSpec, on_validation=None) -> FoldResult:
 
 
 def patch() -> None:
-    study.train_fold = noop_train_fold
+    folds.train_fold = noop_train_fold
 
 
 if __name__ == "__main__":  # python bench/noop.py <mlrc arguments>

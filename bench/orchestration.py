@@ -98,8 +98,8 @@ def run_ray(tmp: Path, name: str, url: str, trials: int, concurrent: int) -> dic
     import ray
 
     from mlrc.config import load_study
-    from mlrc.search.ray_backend import run_search_ray
-    from mlrc.search.study import open_study
+    from mlrc.search import open_study
+    from mlrc.search.backends.ray import run_search_ray
 
     path = study_file(tmp, name, trials)
     t0 = time.monotonic()

@@ -41,7 +41,7 @@ from mlrc.config import load_preset  # noqa: E402
 from mlrc.data.transforms import to_trunk_input, train_transform  # noqa: E402
 from mlrc.methods import losses, samplers  # noqa: E402
 from mlrc.protocol import mlrc_split  # noqa: E402
-from mlrc.train.fold import FoldSpec, View, _Indexed, build_model, train_fold  # noqa: E402
+from mlrc.train import FoldSpec, IndexedView, View, build_model, train_fold  # noqa: E402
 
 LOSS = "contrastive"
 SEED = 0
@@ -83,7 +83,7 @@ def bare_loop(ds, fold, preset, device: str) -> list[float]:
     opt = torch.optim.RMSprop(
         model.parameters(), lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum
     )
-    loader = DataLoader(_Indexed(view), batch_sampler=sampler)
+    loader = DataLoader(IndexedView(view), batch_sampler=sampler)
     ends = [time.perf_counter()]
     for _ in range(preset.max_epochs):
         model.train()

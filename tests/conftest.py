@@ -81,7 +81,7 @@ def train_tiny_fold(
     from mlrc.config import load_preset
     from mlrc.methods import losses
     from mlrc.protocol import mlrc_split
-    from mlrc.train.fold import FoldSpec, train_fold
+    from mlrc.train import FoldSpec, train_fold
 
     fold = mlrc_split(ds.labels, scheme="mlrc").folds[0]
     preset = load_preset(

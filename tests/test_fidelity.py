@@ -15,16 +15,17 @@ import yaml
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from mlrc import data, store
+from mlrc import data, search, store
 from mlrc.cli import app
 from mlrc.config import load_preset
 from mlrc.data.transforms import eval_transform
 from mlrc.methods import losses
 from mlrc.models.trunks import TRUNKS
 from mlrc.protocol import mlrc_split
-from mlrc.search import study as study_mod
+from mlrc.search import optuna_setup
+from mlrc.search.backends import local
 from mlrc.store import Baseline, FoldRun, StudyBaseline, Trial
-from mlrc.train.fold import FoldSpec, train_fold
+from mlrc.train import FoldSpec, train_fold
 
 runner = CliRunner()
 TINY = {
@@ -105,7 +106,7 @@ def test_an_unchanged_study_on_a_new_store_reuses_its_folds_with_their_provenanc
             a[key].best_epoch,
             a[key].wall_time_s,
         )
-        assert (c[key].device, c[key].code_version) == ("cpu", study_mod.code_version())
+        assert (c[key].device, c[key].code_version) == ("cpu", search.code_version())
         assert c[key].objective == a[key].objective is not None
 
 
@@ -193,11 +194,12 @@ def test_a_non_finite_trial_is_complete_with_0_and_the_next_suggestion_saw_it(
     TPE with one start-up trial makes trial 1's suggestion depend on trial 0's value; trial 1's
     parameters equal those of a sampler (same per-position seed) that saw trial 0 as COMPLETE
     0 — and differ from one that saw it as FAIL (what mlrc did before), so the test can fail."""
-    monkeypatch.setattr(
-        study_mod,
-        "make_sampler",
-        lambda name, seed: optuna.samplers.TPESampler(seed=seed, n_startup_trials=1),
-    )
+
+    def tpe(name, seed):
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=1)
+
+    for module in (local, optuna_setup):  # where the study's samplers are made
+        monkeypatch.setattr(module, "make_sampler", tpe)
     loss = {
         "name": nan_after_loss,
         "params": {"nan_after": 2},
@@ -220,7 +222,7 @@ def test_a_non_finite_trial_is_complete_with_0_and_the_next_suggestion_saw_it(
         o = optuna.create_study(
             direction="maximize",
             sampler=optuna.samplers.TPESampler(
-                seed=study_mod.derive_seed(0, "sampler", 1), n_startup_trials=1
+                seed=search.derive_seed(0, "sampler", 1), n_startup_trials=1
             ),
         )
         o.add_trial(

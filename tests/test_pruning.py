@@ -8,11 +8,12 @@ import yaml
 from optuna.trial import TrialState
 from sqlalchemy import select
 
+from mlrc import search as S
 from mlrc import store
 from mlrc.config import load_study
-from mlrc.search import study as S
+from mlrc.search import objective
 from mlrc.store import Trial
-from mlrc.train.fold import FoldResult
+from mlrc.train import FoldResult
 
 # Fold k of a trial scores pos_margin + k/100: the order of trials is the same at every fold.
 MARGINS = [0.5, 0.6, 0.1, 0.9, 0.55]
@@ -46,7 +47,7 @@ def _run(tmp_path, monkeypatch, pruner: str):
         best = {"map_at_r": value, "precision_at_1": value, "r_precision": value}
         return FoldResult("complete", None, 1, best, objective=value)
 
-    monkeypatch.setattr(S, "run_fold", scored_fold)
+    monkeypatch.setattr(objective, "run_fold", scored_fold)
     url = f"sqlite:///{tmp_path / pruner}.db"
     with S.open_study(_study(tmp_path, pruner), url, tmp_path / "art", progress=False) as ctx:
         ostudy = S.run_search(ctx)

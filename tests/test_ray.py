@@ -18,8 +18,8 @@ from sqlalchemy import func, select
 
 from mlrc import store
 from mlrc.config import load_study
-from mlrc.search.ray_backend import NUMBER, run_search_ray
-from mlrc.search.study import open_study
+from mlrc.search import open_study
+from mlrc.search.backends.ray import NUMBER, run_search_ray
 from mlrc.store import EpochMetric, FoldRun, TestResult, Trial
 
 FAST = {

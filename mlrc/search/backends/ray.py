@@ -15,9 +15,9 @@ import functools
 import logging
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import optuna
@@ -27,24 +27,22 @@ from ray.tune.search.optuna import OptunaSearch
 from mlrc import store
 from mlrc.config import ResolvedStudy
 from mlrc.errors import first_line
+from mlrc.search.context import Context, build_context, params_hash
+from mlrc.search.errors import StudyError
+from mlrc.search.folds import run_fold
+from mlrc.search.heartbeat import (
+    HEARTBEAT_S,
+    TrialHeartbeat,
+    fail_stale_trials,
+    heartbeat_storage,
+    recover_interrupted,
+)
+from mlrc.search.objective import finish_trial, run_objective, sequential_folds
+from mlrc.search.optuna_setup import finished, optuna_study
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
-from mlrc.search.study import (
-    HEARTBEAT_S,
-    Context,
-    StudyError,
-    TrialHeartbeat,
-    build_context,
-    finish_trial,
-    finished,
-    heartbeat_storage,
-    optuna_study,
-    recover_interrupted,
-    run_fold,
-    run_objective,
-    sequential_folds,
-)
-from mlrc.train.fold import FoldResult
+from mlrc.store import trials
+from mlrc.train import FoldResult
 
 log = logging.getLogger("mlrc")
 DRIVER_CPU = 0.01  # with --fold-parallel: the trial's own process, which only waits on its folds
@@ -220,10 +218,6 @@ def run_search_ray(
     joins the running cluster, HOST:PORT a given one). ``scheduler``: a Ray Tune scheduler
     (e.g. ``ASHAScheduler(metric="map_at_r", mode="max", max_t=folds, grace_period=1)``; its
     time unit is folds finished) or None (the protocol: no early stopping)."""
-    import ray
-    from ray import tune
-    from ray.tune.search import ConcurrencyLimiter
-
     if max_concurrent < 1 or cpus_per_trial <= DRIVER_CPU or gpus_per_trial < 0:
         raise StudyError("--max-concurrent ≥ 1, --cpus-per-trial > 0.01, --gpus-per-trial ≥ 0")
     storage = store.optuna_storage(ctx.url)  # the searcher's: Tune pickles it with the searcher
@@ -238,23 +232,69 @@ def run_search_ray(
     if remaining <= 0:
         return ostudy
     n = len(ctx.split.folds)
-    device = "cuda" if gpus_per_trial > 0 else ctx.device
     job = Job(
         ctx.resolved,
-        _absolute(ctx.url),
+        trials.absolute_url(ctx.url),
         str(ctx.artifacts.parent.resolve()),
-        device,
+        "cuda" if gpus_per_trial > 0 else ctx.device,
         fold_parallel,
         (cpus_per_trial - DRIVER_CPU) / n if fold_parallel else cpus_per_trial,
         gpus_per_trial / n,
         heartbeat_s,
     )
-    if fold_parallel:  # the trial's bundle is split among its folds; the driver task is tiny
-        resources = tune.PlacementGroupFactory(
-            [{"CPU": DRIVER_CPU}] + [{"CPU": job.cpus_per_fold, "GPU": job.gpus_per_fold}] * n
+    resources = _resources(job, n, cpus_per_trial, gpus_per_trial)
+    tuner = partial(_tuner, ctx, job, storage, scheduler, max_concurrent, remaining, resources)
+    results = _fit(ctx, address, tuner)
+    _record_outcomes(ctx, ostudy, results, n)
+    return ostudy
+
+
+def _resources(job: Job, n_folds: int, cpus_per_trial: float, gpus_per_trial: float) -> Any:
+    """What one Ray trial reserves: its CPUs/GPUs, or with ``fold_parallel`` a placement group
+    whose bundle is split among its folds (the driver task is tiny)."""
+    from ray import tune
+
+    if job.fold_parallel:
+        return tune.PlacementGroupFactory(
+            [{"CPU": DRIVER_CPU}] + [{"CPU": job.cpus_per_fold, "GPU": job.gpus_per_fold}] * n_folds
         )
-    else:
-        resources = {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
+    return {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
+
+
+def _tuner(
+    ctx: Context,
+    job: Job,
+    storage: Any,
+    scheduler: Any,
+    max_concurrent: int,
+    remaining: int,
+    resources: Any,
+) -> Any:
+    """Ray Tune's tuner for the ``remaining`` trials, proposed by the study's Optuna sampler."""
+    from ray import tune
+    from ray.tune.search import ConcurrencyLimiter
+
+    return tune.Tuner(
+        tune.with_resources(tune.with_parameters(_trainable, job=job), resources),
+        tune_config=tune.TuneConfig(
+            search_alg=ConcurrencyLimiter(_searcher(job, storage), max_concurrent),
+            scheduler=scheduler,
+            num_samples=remaining,
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            name=ctx.name,
+            storage_path=str((ctx.artifacts / "ray").resolve()),
+            verbose=1 if ctx.progress else 0,
+        ),
+    )
+
+
+def _fit(ctx: Context, address: str | None, tuner: Callable[[], Any]) -> Any:
+    """Run the tuner made by ``tuner()`` on Ray (started here, and shut down after,
+    unless this process already joined one); returns Tune's results."""
+    import ray
+
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(
@@ -264,36 +304,10 @@ def run_search_ray(
             logging_level=logging.WARNING,
         )
     try:
-        tuner = tune.Tuner(
-            tune.with_resources(tune.with_parameters(_trainable, job=job), resources),
-            tune_config=tune.TuneConfig(
-                search_alg=ConcurrencyLimiter(_searcher(job, storage), max_concurrent),
-                scheduler=scheduler,
-                num_samples=remaining,
-                reuse_actors=True,
-            ),
-            run_config=tune.RunConfig(
-                name=ctx.name,
-                storage_path=str((ctx.artifacts / "ray").resolve()),
-                verbose=1 if ctx.progress else 0,
-            ),
-        )
-        results = tuner.fit()
+        return tuner().fit()
     finally:
         if started_here:
             ray.shutdown()
-    _record_outcomes(ctx, ostudy, results, n)
-    return ostudy
-
-
-def _absolute(url: str) -> str:
-    """A relative SQLite path made absolute: Ray runs trials in directories of its own."""
-    from sqlalchemy.engine import make_url
-
-    u = make_url(url)
-    if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
-        return u.set(database=str(Path(u.database).resolve())).render_as_string(hide_password=False)
-    return url
 
 
 def _fail_stale(ctx: Context, grace: int, heartbeat_s: int) -> None:
@@ -302,22 +316,19 @@ def _fail_stale(ctx: Context, grace: int, heartbeat_s: int) -> None:
     storage = heartbeat_storage(ctx, heartbeat_s, grace)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(optuna.load_study(study_name=ctx.name, storage=storage))
+        ostudy = optuna.load_study(study_name=ctx.name, storage=storage)
+    fail_stale_trials(ostudy)
 
 
 def _record_outcomes(ctx: Context, ostudy: optuna.Study, results: Any, n_folds: int) -> None:
     """Mirror what Ray decided into mlrc's trial table: PRUNED trials, crashed trials."""
-    from mlrc.store import Trial
-
     errors = {}
     for res in results:
         number = (res.config or {}).get(NUMBER)
         if number is not None and res.error is not None:
             errors[int(number)] = str(res.error).strip().splitlines()[-1][:500]
     for t in ostudy.get_trials(deepcopy=False, states=(TrialState.PRUNED, TrialState.FAIL)):
-        with store.session(ctx.engine) as s:
-            row = s.query(Trial).filter_by(study_id=ctx.study_id, number=t.number).one_or_none()
-            state = row.state if row is not None else None
+        state = trials.trial_state(ctx.engine, ctx.study_id, t.number)
         if t.state == TrialState.PRUNED and state != "pruned":
             done = max(t.intermediate_values, default=0)
             reason = f"stopped by the scheduler after {done} of {n_folds} folds"
@@ -327,22 +338,7 @@ def _record_outcomes(ctx: Context, ostudy: optuna.Study, results: Any, n_folds: 
 
 
 def _record(ctx: Context, t: optuna.trial.FrozenTrial, state: str, reason: str) -> None:
-    from mlrc.search.study import params_hash
-    from mlrc.store import Trial, upsert
-
     params = {**ctx.resolved.fixed, **t.params}
-    store.transact(
-        ctx.engine,
-        lambda s: upsert(
-            s,
-            Trial,
-            {"study_id": ctx.study_id, "number": t.number},
-            params=params,
-            params_hash=params_hash(params),
-            state=state,
-            value=None,
-            sem=None,
-            reason=reason,
-        ),
-        f"recording trial {t.number}",
+    trials.mark_trial(
+        ctx.engine, ctx.study_id, t.number, params, params_hash(params), state, reason
     )

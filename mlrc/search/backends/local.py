@@ -1,0 +1,200 @@
+"""The local backend: one process (``mlrc study run``) or a pool of workers (``mlrc worker`` on
+PostgreSQL) running the same loop — take the next trial under the study's lock, train its folds
+with a heartbeat, tell Optuna. Workers coordinate only through the database."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from mlrc import store
+from mlrc.search.context import Context, derive_seed
+from mlrc.search.errors import Interrupted
+from mlrc.search.heartbeat import (
+    HEARTBEAT_S,
+    TrialHeartbeat,
+    fail_stale_trials,
+    heartbeat_storage,
+    recover_interrupted,
+    retry_interrupted,
+)
+from mlrc.search.objective import PRUNED, finish_trial, pruning, run_objective
+from mlrc.search.optuna_setup import counts, optuna_study
+from mlrc.search.space import sampler as make_sampler
+from mlrc.search.space import suggest
+from mlrc.store import trials
+
+log = logging.getLogger("mlrc")
+
+
+@dataclass
+class _Claim:
+    trial: optuna.Trial
+    trial_id: int
+    params: dict[str, Any]
+
+
+def run_search(
+    ctx: Context, heartbeat_s: int = HEARTBEAT_S, grace_s: int | None = None, poll_s: float = 5.0
+) -> optuna.Study:
+    """Run trials until ``trials`` of them have finished (complete or failed with a reason).
+
+    One process (``mlrc study run``) or any number of workers (``mlrc worker``, PostgreSQL)
+    run this same loop; they coordinate only through the database. Taking the next trial is
+    serialised by an advisory lock, so the budget is global: a worker starts a trial only while
+    finished + running < trials, and otherwise waits (``poll_s``) until the running ones end — a
+    worker that dies leaves its trial without heartbeat; after ``grace_s`` (default 4 ×
+    ``heartbeat_s``) another worker fails it and retries its parameters, reusing finished folds.
+    """
+    storage = heartbeat_storage(ctx, heartbeat_s, grace_s or 4 * heartbeat_s)
+    ostudy = optuna_study(ctx, storage)
+    study_id = store.retry(
+        lambda: storage.get_study_id_from_name(ctx.name), ctx.engine, "reading the study"
+    )
+    _prepare(ctx, ostudy, storage, study_id)
+    while True:
+        claim = store.retry(
+            lambda: _claim(ctx, ostudy, storage, study_id), ctx.engine, "taking the next trial"
+        )
+        if claim is None:
+            return ostudy
+        if claim == "wait":
+            time.sleep(poll_s)
+            continue
+        with (
+            TrialHeartbeat(storage, claim.trial_id, heartbeat_s),
+            _interrupted_on_exit(ctx, ostudy, storage, study_id, claim),
+        ):
+            try:
+                value, reason = run_objective(
+                    ctx, claim.trial.number, claim.params, should_prune=pruning(ctx, claim.trial)
+                )
+            except optuna.TrialPruned as e:
+                value, reason = None, str(e)
+                claim.trial.set_user_attr("reason", reason)
+        _tell(ctx, ostudy, claim, value, reason)
+
+
+def _prepare(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
+    """Under the study's lock: recover interrupted trials (SQLite), enqueue the study file's
+    points (once)."""
+    with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
+        if ctx.engine.dialect.name == "sqlite":  # the file lock proves no other process runs
+            recover_interrupted(ctx, ostudy, storage, study_id)
+        if not ostudy.user_attrs.get("enqueued"):
+            _enqueue_once(ostudy, ctx.resolved.study.search.enqueue)
+            ostudy.set_user_attr("enqueued", True)
+
+
+def _claim(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> _Claim | str | None:
+    """Under the study's lock: fail stale trials, then ask for the next trial if the budget
+    allows it (``None``: the search is done, ``"wait"``: all remaining slots are running)."""
+    with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
+        fail_stale_trials(ostudy)
+        known = ostudy.get_trials(deepcopy=False)
+        done = sum(map(counts, known))
+        running = sum(t.state == TrialState.RUNNING for t in known)
+        if done >= ctx.resolved.trials:
+            return None
+        if done + running >= ctx.resolved.trials:
+            return "wait"
+        # The k-th suggestion is drawn with a seed of its own, so an interrupted and resumed
+        # study proposes the same sequence as an uninterrupted one (a resumed process would
+        # otherwise restart the sampler's random stream and repeat earlier parameters).
+        ostudy.sampler = make_sampler(
+            ctx.resolved.sampler,
+            derive_seed(ctx.resolved.study.search.seed, "sampler", done + running),
+        )
+        trial = ostudy.ask()
+        params = suggest(trial, ctx.resolved.space)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+        storage.record_heartbeat(trial_id)  # before the lock is released: never RUNNING unseen
+        return _Claim(trial, trial_id, params)
+
+
+def _tell(
+    ctx: Context, ostudy: optuna.Study, claim: _Claim, value: float | None, reason: str | None
+) -> None:
+    def tell() -> None:
+        if value is not None:  # a reason beside a value: scored 0 for a non-finite loss
+            if reason is not None:
+                claim.trial.set_user_attr("reason", reason)
+            ostudy.tell(claim.trial, value)
+        elif reason is not None and reason.startswith(PRUNED):
+            ostudy.tell(claim.trial, state=TrialState.PRUNED)
+        else:
+            claim.trial.set_user_attr("reason", reason)
+            ostudy.tell(claim.trial, state=TrialState.FAIL)
+
+    try:
+        store.retry(tell, ctx.engine, f"recording trial {claim.trial.number}")
+    except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError) as e:
+        if isinstance(e, store.StoreError):
+            raise
+        # Another worker declared this trial lost (no heartbeat for the grace period, e.g. a
+        # long network cut) and retries its parameters; the finished folds are reused there.
+        log.warning("trial %d was declared lost while it ran: %s", claim.trial.number, e)
+        finish_trial(ctx, claim.trial.number, "interrupted", None, None, "declared lost: retried")
+        return
+    if reason is not None and value is not None:
+        log.warning("trial %d scored %g: %s", claim.trial.number, value, reason)
+    elif reason is not None and reason.startswith(PRUNED):
+        log.info("trial %d %s", claim.trial.number, reason)
+    elif reason is not None:
+        log.warning("trial %d failed: %s", claim.trial.number, reason)
+
+
+def _enqueue_once(ostudy: optuna.Study, enqueue: list[dict[str, Any]]) -> None:
+    """The study file's ``enqueue`` list, each entry once even if a kill interrupts the loop."""
+    seen = {t.user_attrs.get("enqueue_index") for t in ostudy.get_trials(deepcopy=False)}
+    for i, params in enumerate(enqueue):
+        if i not in seen:
+            ostudy.enqueue_trial(params, user_attrs={"enqueue_index": i})
+
+
+@contextmanager
+def _interrupted_on_exit(
+    ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim
+) -> Iterator[None]:
+    """A trial stopped by Ctrl-C, SIGTERM (the CLI turns it into KeyboardInterrupt) or an error
+    that ends the process (disk full, unreadable image, ...) is recorded as interrupted at once —
+    retried, not counted — and the exception goes on; KeyboardInterrupt becomes
+    :class:`Interrupted`, naming the trial. A lost database is left to the next run."""
+    try:
+        yield
+    except BaseException as e:
+        if not trials.is_database_error(e):
+            _record_interrupt(ctx, ostudy, storage, study_id, claim)
+        # a Ctrl-C may surface as another error raised while it unwound (torch.save's
+        # RuntimeError mid-checkpoint): still an interrupt, naming the trial
+        stopped = e if isinstance(e, KeyboardInterrupt) else e.__context__
+        if isinstance(stopped, KeyboardInterrupt) and not isinstance(e, Interrupted):
+            raise Interrupted(claim.trial.number) from e
+        raise
+
+
+def _record_interrupt(
+    ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim
+) -> None:
+    """The claimed trial, if still RUNNING, as interrupted now (a failure here is only logged)."""
+    try:
+        with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
+            t = storage.get_trial(claim.trial_id)
+            if t.state == TrialState.RUNNING:
+                retry_interrupted(ctx, ostudy, storage, study_id, t)
+    except Exception as e:  # noqa: BLE001 — recovered later (next run / heartbeat); one line
+        log.warning(
+            "trial %d not recorded as interrupted now (%s); it is recovered later",
+            claim.trial.number,
+            store.db_error_line(e),
+        )

@@ -1,0 +1,78 @@
+"""The untrained baseline: the trunk before any training, measured on the test classes (the
+tables' "Pretrained" row, or "Random init" for a trunk trained from scratch)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+from mlrc import store
+from mlrc.config import ResolvedStudy
+from mlrc.data.transforms import eval_transform
+from mlrc.protocol import retrieval_metrics
+from mlrc.protocol.analysis import analysis_metrics
+from mlrc.search.context import Context, code_version
+from mlrc.store import trials
+from mlrc.train import UNTRAINED_SEED, View, embed, untrained_trunk
+
+log = logging.getLogger("mlrc")
+
+
+def baseline_of(r: ResolvedStudy) -> dict[str, Any]:
+    """What defines the untrained row's numbers: the dataset, the trunk and its weights, the
+    eval transform (the test classes are the second half of the classes, whatever the folds)."""
+    p = r.preset
+    return {
+        "dataset": r.study.dataset.model_dump(mode="json"),
+        "trunk": p.trunk,
+        "pretrained": p.pretrained,
+        "seed": None if p.pretrained else UNTRAINED_SEED,
+        "resize": p.image.resize,
+        "crop": p.image.crop,
+    }
+
+
+def ensure_baseline(ctx: Context) -> None:
+    """The untrained trunk on the test classes (the tables' "Pretrained" row, or "Random init"
+    for a trunk trained from scratch), computed once per :func:`baseline_of` key and linked to
+    this study. Separated = concatenated = the trunk's own features (L2-normalised by the
+    metrics), as the reference harness does for untrained status."""
+    config = baseline_of(ctx.resolved)
+    key = hashlib.sha256(store.canonical_json(config).encode()).hexdigest()[:16]
+    if not trials.has_baseline(ctx.engine, key):
+        _compute_baseline(ctx, key, config)
+    trials.link_baseline(ctx.engine, ctx.study_id, key)
+
+
+def _compute_baseline(ctx: Context, key: str, config: dict[str, Any]) -> None:
+    """Embed the test classes with the untrained trunk, measure and store them under ``key``."""
+    r, p = ctx.resolved, ctx.resolved.preset
+    kind = "pretrained" if p.pretrained else "random_init"
+    label = f"{'Pretrained' if p.pretrained else 'Random init'} ({p.trunk})"
+    log.info("computing the untrained baseline row: %s on the test classes", label)
+    model = untrained_trunk(p).to(ctx.device)
+    emb, labels = embed(
+        model, view_of_test_classes(ctx, model.trunk.input_spec), p.eval_batch_size, ctx.device
+    )
+    m = retrieval_metrics(emb, labels, device=ctx.device)
+    m.pop("num_queries")
+    m |= analysis_metrics(emb, labels, seed=r.study.search.seed)
+    trials.record_baseline(
+        ctx.engine,
+        key,
+        m,
+        dataset=r.study.dataset.name,
+        kind=kind,
+        label=label,
+        trunk=p.trunk,
+        config=config,
+        device=ctx.device,
+        code_version=code_version(),
+    )
+
+
+def view_of_test_classes(ctx: Context, input_spec: dict) -> View:
+    """The test classes, with the preset's eval transform for a trunk's ``input_spec``."""
+    im = ctx.resolved.preset.image
+    return View(ctx.dataset, ctx.split.test_classes, eval_transform(im.resize, im.crop, input_spec))

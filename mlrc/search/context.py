@@ -1,0 +1,265 @@
+"""Opening a study: connect, register (or check) it, lock it on SQLite, load its dataset and
+split into a :class:`Context`; and the identities derived from it (parameter hashes, seeds, the
+protocol key and the artifact folders)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from filelock import FileLock, Timeout
+
+from mlrc import __version__, data, store
+from mlrc.config import ResolvedStudy
+from mlrc.data.base import ImageDataset
+from mlrc.protocol import mlrc_split
+from mlrc.protocol.splits import Split
+from mlrc.search.errors import StudyError
+from mlrc.store import trials
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+log = logging.getLogger("mlrc")
+
+
+@dataclass
+class Context:
+    """Everything a running study needs, built once."""
+
+    resolved: ResolvedStudy
+    url: str
+    engine: Engine
+    artifacts: Path
+    device: str
+    dataset: ImageDataset
+    split: Split
+    study_id: int
+    progress: bool = True
+
+    @property
+    def name(self) -> str:
+        """The study's name (also its Optuna study's)."""
+        return self.resolved.study.name
+
+
+# --- identities --------------------------------------------------------------------------------
+
+
+def params_hash(params: dict[str, Any]) -> str:
+    """16 hex digits identifying a parameter set (fold runs are keyed by it)."""
+    return hashlib.sha256(store.canonical_json(params).encode()).hexdigest()[:16]
+
+
+def protocol_of(r: ResolvedStudy) -> dict[str, Any]:
+    """What defines a fold's numbers besides its parameters, fold, reproduction and seed: the
+    dataset, the loss/miner/strategy/batch sampler *names* (their values are the parameters),
+    the study seed, and the resolved preset without its budgets (``search``, ``test``: trials
+    and reproductions add work, they do not change a fold) and without the runtime-only fields
+    (speed, not numbers). The search space, enqueued points, BO sampler and pruner decide which
+    parameters are tried, not what a fold with given parameters computes."""
+    fp = r.fingerprint()
+    study, preset = fp["study"], dict(fp["preset"])
+    for budget in ("search", "test"):
+        preset.pop(budget, None)
+    return {
+        "dataset": study["dataset"],
+        "loss": study["loss"]["name"],
+        "miner": (study.get("miner") or {}).get("name"),
+        "strategy": (study.get("strategy") or {}).get("name"),
+        "sampler": study["sampler"],
+        "seed": study["search"]["seed"],
+        "preset": preset,
+    }
+
+
+def protocol_key(r: ResolvedStudy) -> str:
+    """A short hash of :func:`protocol_of`: the artifact folder level that keeps checkpoints of
+    different configurations apart (a new store never adopts another configuration's folds)."""
+    return hashlib.sha256(store.canonical_json(protocol_of(r)).encode()).hexdigest()[:12]
+
+
+def fold_dir(ctx: Context, kind: str, h: str, reproduction: int, fold: int) -> Path:
+    """``<artifacts>/<study>/p-<protocol key>/<kind>/<params hash>/[rep<N>/]fold<k>``."""
+    rep = f"rep{reproduction}" if kind == "test" else ""
+    return ctx.artifacts / f"p-{protocol_key(ctx.resolved)}" / kind / h / rep / f"fold{fold}"
+
+
+@functools.cache
+def code_version() -> str:
+    """mlrc's version, with the git commit when running from a checkout (``0.1.0+g1a2b3c4``,
+    ``-dirty`` when it has uncommitted changes): recorded with every result it computes."""
+    import subprocess
+
+    here = Path(__file__).resolve().parents[2]
+    if not (here / ".git").exists():  # an installed package: its version says it
+        return __version__
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(here), "describe", "--always", "--dirty", "--abbrev=7"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return __version__
+    return f"{__version__}+g{out}" if out else __version__
+
+
+def derive_seed(*parts: object) -> int:
+    """A 31-bit seed from the study seed and the job's identity (stable across runs)."""
+    return int(hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+
+
+# --- opening a study ---------------------------------------------------------------------------
+
+
+@contextmanager
+def open_study(
+    resolved: ResolvedStudy,
+    url: str,
+    artifacts: str | Path,
+    device: str = "cpu",
+    progress: bool = True,
+    force_new: bool = False,
+) -> Iterator[Context]:
+    """Connect, register (or check) the study, load the dataset; hold a lock for SQLite.
+    ``force_new``: a stored study of the same name with another configuration is archived
+    (:func:`archive_study`) and this one starts afresh; otherwise that is refused."""
+    engine = store.connect(url)
+    with sqlite_lock(engine, resolved.study.name):
+        if force_new:
+            old = trials.stored_config(engine, resolved.study.name)
+            if old is not None and store.canonical_json(old) != store.canonical_json(
+                resolved.fingerprint()
+            ):
+                new_name = archive_study(engine, resolved.study.name, Path(artifacts))
+                log.warning("the stored study %r was archived as %r", resolved.study.name, new_name)
+        ctx = build_context(resolved, url, artifacts, device, progress, engine)
+        for warning in data.check_dataset(ctx.dataset, ctx.split.trainval_classes):
+            log.warning("%s", warning)  # one-image training classes, duplicate files
+        yield ctx
+
+
+def build_context(
+    resolved: ResolvedStudy,
+    url: str,
+    artifacts: str | Path,
+    device: str = "cpu",
+    progress: bool = True,
+    engine: Engine | None = None,
+) -> Context:
+    """Register (or check) the study and load its dataset and split, without any lock (for a
+    process that works for a study someone else holds: a Ray trial or fold task)."""
+    engine = engine or store.connect(url)
+    study_id = register_study(engine, resolved)
+    ds = data.build(
+        resolved.study.dataset.name,
+        root=resolved.study.dataset.root,
+        **resolved.study.dataset.params,
+    )
+    split = mlrc_split(
+        ds.labels, n_folds=resolved.preset.folds, scheme=resolved.preset.split_scheme
+    )
+    return Context(
+        resolved,
+        url,
+        engine,
+        Path(artifacts) / resolved.study.name,
+        device,
+        ds,
+        split,
+        study_id,
+        progress,
+    )
+
+
+@contextmanager
+def sqlite_lock(engine: Engine, name: str) -> Iterator[None]:
+    """One process per study on a SQLite file: a second one is refused, never interleaved."""
+    database = store.sqlite_path(engine)
+    if database is None:
+        yield
+        return
+    path = Path(f"{database}.{name}.lock")
+    if not path.parent.is_dir():  # filelock would create it
+        raise StudyError(f"{path}: cannot create the study's lock file (No such file or directory)")
+
+    def write_pid(fd: int) -> None:  # the holder's pid, for the message a second process gets
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+
+    lock = FileLock(
+        path,
+        blocking=False,
+        thread_local=False,
+        preserve_lock_file=True,
+        fallback_to_soft=False,  # a kernel lock, released when the process dies, or none
+        on_acquired=write_pid,
+    )
+    try:
+        lock.acquire()
+    except Timeout:  # before OSError: filelock's Timeout is a TimeoutError
+        try:
+            pid = path.read_text().strip() or "?"
+        except OSError:
+            pid = "?"
+        raise StudyError(
+            f"study {name!r} is already running on {engine.url.database} (pid {pid}); SQLite "
+            "allows one process per study — use a PostgreSQL URL for parallel workers"
+        ) from None
+    except OSError as e:
+        raise StudyError(f"{path}: cannot create the study's lock file ({e.strerror})") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def register_study(engine: Engine, resolved: ResolvedStudy) -> int:
+    """The study's row id, the row created if new; a stored study of the same name with
+    another configuration is a :class:`StudyError` naming the first difference."""
+    config = resolved.fingerprint()
+    study = resolved.study
+    study_id, stored = trials.ensure_study(
+        engine,
+        study.name,
+        dataset=study.dataset.name,
+        loss=study.loss.name,
+        strategy=study.strategy.name if study.strategy else None,
+        preset=study.preset,
+        config=config,
+        code_version=__version__,
+    )
+    if store.canonical_json(stored) != store.canonical_json(config):
+        changed = first_difference(stored, config)
+        raise StudyError(
+            f"study {study.name!r} already exists in the store with a different "
+            f"configuration ({changed}); give the study a new name, or pass --force-new to "
+            "archive the stored one as NAME.old-K and start afresh"
+        )
+    return study_id
+
+
+def archive_study(engine: Engine, name: str, artifacts: Path) -> str:
+    """Rename a stored study, its Optuna study and its artifact directory to ``NAME.old-K``
+    (the first free K) and point its checkpoint paths there; nothing is deleted."""
+    return trials.archive_study(engine, name, artifacts)
+
+
+def first_difference(a: Any, b: Any, where: str = "") -> str:
+    """``"path.to.key: <a> in the store, <b> now"`` for the first key where ``a`` and ``b``
+    differ (dictionaries compared recursively, keys in sorted order)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return first_difference(a.get(k), b.get(k), f"{where}.{k}" if where else k)
+    return f"{where}: {a!r} in the store, {b!r} now"

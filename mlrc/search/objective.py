@@ -1,0 +1,103 @@
+"""The objective of a trial: its folds, trained in turn (or by a backend's fold runner), whose
+mean validation MAP@R is the trial's value; optional pruning after each fold."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import optuna
+
+from mlrc.search.context import Context, params_hash
+from mlrc.search.folds import run_fold
+from mlrc.store import trials
+from mlrc.train import FoldResult
+
+PRUNED = "pruned"  # reasons of pruned trials start with it
+
+FoldRunner = Callable[["Context", dict[str, Any], int], Iterator[tuple[int, FoldResult]]]
+
+
+def sequential_folds(
+    ctx: Context, params: dict[str, Any], number: int
+) -> Iterator[tuple[int, FoldResult]]:
+    """The folds of trial ``number`` one after another, as (fold index, result)."""
+    for fold in ctx.split.folds:
+        yield fold.index, run_fold(ctx, "search", params, 0, fold.index, number)
+
+
+def run_objective(
+    ctx: Context,
+    number: int,
+    suggested: dict[str, Any],
+    on_fold: Callable[[int, float], None] | None = None,
+    folds: FoldRunner = sequential_folds,
+    should_prune: Callable[[int, float], bool] | None = None,
+) -> tuple[float | None, str | None]:
+    """Train the folds of one trial; (mean val MAP@R, None), (None, failure reason), or — a fold
+    whose loss or embeddings went non-finite — (0.0, reason): as in the reference harness, whose
+    trial then returns (mean 0, SEM 0) to the optimiser, so the sampler learns to avoid the
+    region (a FAILED trial would be ignored by GP and TPE). The trial stops at that fold.
+    ``on_fold(k, running mean)`` is called as the k-th fold finishes (in completion order);
+    ``should_prune(k, running mean)`` returning True stops the trial: it is recorded as pruned
+    and ``optuna.TrialPruned`` is raised with the reason."""
+    params = {**ctx.resolved.fixed, **suggested}
+    trials.start_trial(ctx.engine, ctx.study_id, number, params, params_hash(params))
+    values: dict[int, float] = {}
+    n_folds = len(ctx.split.folds)
+    for fold, res in folds(ctx, params, number):
+        if res.nonfinite:  # "non-finite loss at iteration i, fold f" (store.NONFINITE)
+            reason = f"{res.reason}, fold {fold}"
+            finish_trial(ctx, number, "complete", 0.0, 0.0, reason)
+            return 0.0, reason
+        if res.status != "complete":
+            reason = f"fold {fold}: {res.reason}"
+            finish_trial(ctx, number, "failed", None, None, reason)
+            return None, reason
+        values[fold] = res.objective
+        k, running = len(values), float(np.mean(list(values.values())))
+        if on_fold is not None and k < n_folds:
+            on_fold(k, running)
+        if should_prune is not None and k < n_folds and should_prune(k, running):
+            _prune(ctx, number, k, running)
+    v = [values[f] for f in sorted(values)]
+    mean = float(np.mean(v))
+    sem = float(np.std(v, ddof=1) / math.sqrt(len(v)))
+    finish_trial(ctx, number, "complete", mean, sem, None)
+    return mean, None
+
+
+def _prune(ctx: Context, number: int, k: int, running: float) -> None:
+    """Record trial ``number`` as pruned after ``k`` folds and raise ``optuna.TrialPruned``."""
+    reason = (
+        f"{PRUNED} after {k} of {len(ctx.split.folds)} folds: running mean "
+        f"{running:.4f} below the median of complete trials"
+    )
+    finish_trial(ctx, number, "pruned", None, None, reason)
+    raise optuna.TrialPruned(reason)
+
+
+def finish_trial(
+    ctx: Context,
+    number: int,
+    state: str,
+    value: float | None,
+    sem: float | None,
+    reason: str | None,
+) -> None:
+    """Record in mlrc's table how trial ``number`` ended (state, value, SEM, reason)."""
+    trials.finish_trial(ctx.engine, ctx.study_id, number, state, value, sem, reason)
+
+
+def pruning(ctx: Context, trial: optuna.Trial) -> Callable[[int, float], bool] | None:
+    """``should_prune(k, running mean)`` for :func:`run_objective`, or None when pruning is off."""
+    if ctx.resolved.pruner == "none":
+        return None
+
+    def should_prune(k: int, running: float) -> bool:
+        trial.report(running, step=k)
+        return trial.should_prune()
+
+    return should_prune

@@ -1,0 +1,59 @@
+"""The Optuna study behind a mlrc study, in the same database under the same name: its sampler
+and pruner, and which of its trials count towards the budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from mlrc import store
+from mlrc.config import ResolvedStudy
+from mlrc.search.context import Context
+from mlrc.search.space import sampler as make_sampler
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def optuna_study(ctx: Context, storage: Any = None) -> optuna.Study:
+    """Create or load the study's Optuna study (maximising), seeded sampler and pruner set;
+    ``storage``: an Optuna storage to use instead of the URL (e.g. one with heartbeats)."""
+    r = ctx.resolved
+    return store.retry(
+        lambda: optuna.create_study(
+            study_name=ctx.name,
+            storage=storage or ctx.url,
+            direction="maximize",
+            load_if_exists=True,
+            sampler=make_sampler(r.sampler, r.study.search.seed),
+            pruner=make_pruner(r),
+        ),
+        ctx.engine,
+        "opening the Optuna study",
+    )
+
+
+def make_pruner(r: ResolvedStudy) -> optuna.pruners.BasePruner:
+    """Opt-in pruning (``search.pruner: median``): after fold k, a trial whose running mean of
+    fold MAP@R is below the median of the complete trials' running means after fold k stops
+    (recorded as PRUNED); nothing is pruned before ``prune_startup`` trials are complete. The
+    folds run in the same order in every trial, so step k compares like with like."""
+    if r.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=r.prune_startup, n_warmup_steps=0)
+    return optuna.pruners.NopPruner()
+
+
+def finished(ostudy: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials that count towards the budget: complete, pruned (Ray scheduler), or failed for a
+    reason of their own (a trial failed as "interrupted" or lost by a dead worker is retried,
+    not counted)."""
+    return [t for t in ostudy.get_trials(deepcopy=False) if counts(t)]
+
+
+def counts(t: optuna.trial.FrozenTrial) -> bool:
+    """Whether trial ``t`` counts towards the budget (see :func:`finished`)."""
+    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    reason = t.user_attrs.get("reason")
+    return t.state == TrialState.FAIL and reason is not None and reason != "interrupted"

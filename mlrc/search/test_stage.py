@@ -1,0 +1,107 @@
+"""The test stage: the best parameters retrained ``reproductions`` times on all folds, each
+fold model measured on the test classes, separated (each 128-D fold model, then their mean) and
+concatenated (512-D), beside the untrained baseline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+from mlrc import store
+from mlrc.protocol import concatenate_embeddings, retrieval_metrics
+from mlrc.protocol.analysis import analysis_metrics, metrix_utilization
+from mlrc.search.baseline import ensure_baseline, view_of_test_classes
+from mlrc.search.context import Context
+from mlrc.search.errors import StudyError
+from mlrc.search.folds import run_fold
+from mlrc.store import trials
+from mlrc.train import View, embed, load_model
+
+
+def best_params(ctx: Context) -> dict[str, Any]:
+    """The parameters of the best complete trial (with the fixed ones); a study without one,
+    or whose best was scored 0 for a non-finite loss, is a :class:`StudyError`."""
+    try:
+        ostudy = optuna.load_study(study_name=ctx.name, storage=ctx.url)
+    except KeyError:  # Optuna: "Record does not exist."
+        ostudy = None
+    complete = ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if ostudy else []
+    if not complete:
+        raise StudyError(
+            f"study {ctx.name!r} has no complete trial yet: run `mlrc study run` first"
+        )
+    best = ostudy.best_trial
+    if str(best.user_attrs.get("reason") or "").startswith(store.NONFINITE):
+        raise StudyError(
+            f"study {ctx.name!r}: every complete trial was scored 0 because its loss or "
+            f"embeddings went non-finite (best: trial {best.number}, {best.user_attrs['reason']});"
+            " nothing to test — narrow the search space (e.g. loss_lr) and search again"
+        )
+    return {**ctx.resolved.fixed, **best.params}
+
+
+def run_test(ctx: Context) -> list[str]:
+    """Retrain the best parameters ``reproductions`` times × all folds; test each on the test
+    classes, separated (each 128-D fold model, then their mean) and concatenated (512-D).
+    Returns messages for reproductions that failed (their results are not stored)."""
+    params = best_params(ctx)
+    ensure_baseline(ctx)
+    problems = []
+    for rep in range(1, ctx.resolved.reproductions + 1):
+        done = trials.reproduction_results(ctx.engine, ctx.study_id, rep)
+        same = [r for r in done if store.canonical_json(r.params) == store.canonical_json(params)]
+        if len(same) == len(ctx.split.folds) + 2:
+            continue
+        problem = _test_reproduction(ctx, params, rep)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _test_metrics(
+    ctx: Context, emb: np.ndarray, labels: np.ndarray, train_emb: np.ndarray
+) -> dict[str, float]:
+    """MAP@R, P@1, R-Precision, the analysis metrics (Recall@K, NMI, mAP@1000, ρ, π) and the
+    Metrix utilization of the test embeddings against the training embeddings ``train_emb``
+    (the fold's training classes; for the 512-D row, all train+val classes), both L2-normalised.
+    """
+    m = retrieval_metrics(emb, labels, device=ctx.device)
+    m.pop("num_queries")
+    seed = ctx.resolved.study.search.seed
+    util = metrix_utilization(emb, train_emb, normalize=True, device=ctx.device)
+    return {**m, **analysis_metrics(emb, labels, seed=seed), "metrix_utilization": util}
+
+
+def _test_reproduction(ctx: Context, params: dict[str, Any], rep: int) -> str | None:
+    """Train and test reproduction ``rep``; its rows are stored together, or a failed fold's
+    message is returned."""
+    p = ctx.resolved.preset
+    embeddings, seen, labels, rows = [], [], None, []
+    trainval = View(ctx.dataset, ctx.split.trainval_classes, None)
+    for fold in ctx.split.folds:
+        res = run_fold(ctx, "test", params, rep, fold.index, None)
+        if res.status != "complete":
+            return f"reproduction {rep}, fold {fold.index}: {res.reason}"
+        model = load_model(p, res.checkpoint, ctx.device)
+        spec_in = model.trunk.input_spec
+        emb, labels = embed(
+            model, view_of_test_classes(ctx, spec_in), p.eval_batch_size, ctx.device, p.num_workers
+        )
+        trainval.transform = view_of_test_classes(ctx, spec_in).transform
+        tv_emb, tv_lab = embed(model, trainval, p.eval_batch_size, ctx.device, p.num_workers)
+        embeddings.append(emb)
+        seen.append(tv_emb)
+        own = np.isin(np.asarray(ctx.split.trainval_classes)[tv_lab], fold.train_classes)
+        rows.append(("separated", fold.index, _test_metrics(ctx, emb, labels, tv_emb[own])))
+    # separated aggregate: the mean of the four 128-D models' metrics (MLRC's MeanAggregator)
+    keys = rows[0][2].keys()
+    rows.append(("separated", -1, {k: float(np.mean([m[k] for _, _, m in rows])) for k in keys}))
+    joined = concatenate_embeddings(embeddings)
+    rows.append(
+        ("concatenated", -1, _test_metrics(ctx, joined, labels, concatenate_embeddings(seen)))
+    )
+    trials.record_reproduction(ctx.engine, ctx.study_id, rep, params, rows)
+    return None
