@@ -315,7 +315,7 @@ def test_datasets_without_entries_keep_the_base_space(path):
 
 def space_file(tmp_path: Path, monkeypatch, text: str) -> Path:
     """A loss space file in a stand-in studies/spaces/ folder."""
-    monkeypatch.setattr(config, "SPACES_DIR", tmp_path)
+    monkeypatch.setattr(config.spaces, "SPACES_DIR", tmp_path)
     path = tmp_path / "arcface.yaml"
     path.write_text("scale: {low: 0.01, high: 200.0}\nmargin: {low: 0, high: 90}\n" + text)
     return path

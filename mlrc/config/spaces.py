@@ -1,0 +1,188 @@
+"""Search spaces: the ranges a study searches when it gives none of its own.
+
+Each loss has a space file in the package data (``mlrc/resources/spaces/<loss>.yaml``, reachable
+in a checkout as ``studies/spaces/``), each miner and strategy one in ``miners/`` and
+``strategies/`` there; a plug-in without one there may ship ``<name>.yaml`` beside its module
+(:meth:`mlrc.registry.Registry.space`). A loss's file may also hold ``per_dataset`` and
+``with_miner`` tables (see :func:`default_space`).
+"""
+
+from __future__ import annotations
+
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+from mlrc.config.load import (
+    ConfigError,
+    did_you_mean,
+    load_yaml,
+    not_a_mapping,
+    resource_dir,
+    validate_model,
+)
+from mlrc.config.schema import ParamSpace
+
+SPACES_DIR = resource_dir("spaces")  # in a checkout, studies/spaces links here
+
+# Keys of a loss's space file that are not parameters: the ranges that differ per dataset.
+PER_DATASET = "per_dataset"
+WITH_MINER = "with_miner"
+
+
+def space_folder(kind: str) -> Path:
+    """The folder of the default spaces of ``kind``: loss, miner or strategy."""
+    if kind == "loss":
+        return SPACES_DIR
+    return SPACES_DIR / {"miner": "miners"}.get(kind, "strategies")
+
+
+def _plugin_space_file(kind: str, name: str) -> Any:
+    """The search-space file a plug-in ships beside its module (None: it has none)."""
+    if kind == "loss":
+        from mlrc.methods.losses import LOSSES as registry
+    elif kind == "miner":
+        from mlrc.methods.miners import MINERS as registry
+    elif kind == "strategy":
+        from mlrc.methods.strategies import STRATEGIES as registry
+    else:
+        return None
+    return registry.space(name)
+
+
+def default_space(
+    loss: str,
+    folder: Path = SPACES_DIR,
+    dataset: str | None = None,
+    miner: str | None = None,
+    kind: str = "loss",
+) -> dict[str, ParamSpace]:
+    """The space file ``<folder>/<loss>.yaml``; when there is none, the one the plug-in ``loss``
+    (of ``kind``: loss, miner or strategy) ships itself (see :mod:`mlrc.registry`); {} when
+    neither exists.
+
+    A loss's space file may also give ranges that differ per dataset (the reality check searched
+    some parameters over other ranges on some datasets):
+
+    - ``per_dataset: {<dataset>: {<param>: <range> | null}}`` — on that dataset the parameter's
+      range is replaced by this one (a whole range, not merged), or with ``null`` not searched;
+    - ``with_miner: {<miner>: {per_dataset: ...}}`` — the table used *instead of* the one above
+      when the study mines with ``<miner>`` (MLRC searched "MS + miner" with its own ranges).
+
+    Without ``dataset`` the base ranges are returned; the tables are checked either way (an
+    unknown dataset, miner or parameter is a ConfigError naming the file and the key)."""
+    path, loss_space = _space_file(loss, folder, kind)
+    if path is None:
+        return {}
+    space, tables = _read_space(path, loss_space)
+    table = _per_dataset(tables.get(PER_DATASET), space, f"{path}: {PER_DATASET}")
+    by_miner = _with_miner(tables.get(WITH_MINER), space, f"{path}: {WITH_MINER}")
+    if miner is not None and miner in by_miner:
+        table = by_miner[miner]
+    out = {**space, **table.get(dataset, {})} if dataset is not None else space
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _space_file(name: str, folder: Path, kind: str) -> tuple[Path | Traversable | None, bool]:
+    """The space file of ``name`` (``<folder>/<name>.yaml``, else the plug-in's own; None: there
+    is none) and whether it is a loss's file (which may hold per-dataset tables)."""
+    path = folder / f"{name}.yaml"
+    if path.is_file():
+        return path, folder.resolve() == SPACES_DIR.resolve()
+    return _plugin_space_file(kind, name), kind == "loss"
+
+
+def _read_space(
+    path: Path | Traversable, loss_space: bool
+) -> tuple[dict[str, ParamSpace], dict[str, Any]]:
+    """The ranges of a space file and its (unchecked) ``per_dataset``/``with_miner`` tables."""
+    data = load_yaml(path) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(not_a_mapping(data, str(path)))
+    tables = {k: data.pop(k) for k in (PER_DATASET, WITH_MINER) if k in data}
+    space = {k: validate_model(ParamSpace, v, f"{path}: {k}") for k, v in data.items()}
+    if tables and not loss_space:
+        raise ConfigError(
+            f"{path}: {next(iter(tables))}: only a loss's space file "
+            "(studies/spaces/<loss>.yaml) takes per-dataset ranges"
+        )
+    return space, tables
+
+
+def _per_dataset(
+    table: Any, space: dict[str, ParamSpace], where: str
+) -> dict[str, dict[str, ParamSpace | None]]:
+    """A ``per_dataset`` table checked: known datasets, parameters of ``space``, valid ranges."""
+    from mlrc import data
+
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f"{where}: expected a mapping of dataset → parameter ranges, got {type(table).__name__}"
+        )
+    out: dict[str, dict[str, ParamSpace | None]] = {}
+    for ds, params in table.items():
+        if ds not in data.available():
+            raise ConfigError(
+                f"{where}.{ds}: unknown dataset {ds!r}{did_you_mean(ds, data.available())} "
+                f"(available: {', '.join(data.available())})"
+            )
+        out[ds] = _dataset_ranges(params, space, f"{where}.{ds}")
+    return out
+
+
+def _dataset_ranges(
+    params: Any, space: dict[str, ParamSpace], where: str
+) -> dict[str, ParamSpace | None]:
+    """One dataset's entry of a ``per_dataset`` table: parameters of ``space`` → range or None."""
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise ConfigError(
+            f"{where}: expected a mapping of parameter ranges, got {type(params).__name__}"
+        )
+    out: dict[str, ParamSpace | None] = {}
+    for k, v in params.items():
+        if k not in space:
+            raise ConfigError(
+                f"{where}.{k}: not a parameter of this space{did_you_mean(k, space)} "
+                f"(parameters: {', '.join(space) or 'none'})"
+            )
+        out[k] = None if v is None else validate_model(ParamSpace, v, f"{where}.{k}")
+    return out
+
+
+def _with_miner(
+    table: Any, space: dict[str, ParamSpace], where: str
+) -> dict[str, dict[str, dict[str, ParamSpace | None]]]:
+    """A ``with_miner`` table checked: registered miners, each with a ``per_dataset`` table."""
+    from mlrc.methods import miners
+
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f"{where}: expected a mapping of miner → {{per_dataset: ...}}, "
+            f"got {type(table).__name__}"
+        )
+    out = {}
+    for name, entry in table.items():
+        if name not in miners.available():
+            raise ConfigError(
+                f"{where}.{name}: unknown miner {name!r}{did_you_mean(name, miners.available())} "
+                f"(available: {', '.join(miners.available())})"
+            )
+        entry = {} if entry is None else entry
+        if not isinstance(entry, dict):
+            raise ConfigError(
+                f"{where}.{name}: expected {{per_dataset: ...}}, got {type(entry).__name__}"
+            )
+        for k in entry:
+            if k != PER_DATASET:
+                raise ConfigError(
+                    f"{where}.{name}.{k}: unknown key{did_you_mean(k, [PER_DATASET])} "
+                    f"(a miner's entry takes {PER_DATASET} only)"
+                )
+        out[name] = _per_dataset(entry.get(PER_DATASET), space, f"{where}.{name}.{PER_DATASET}")
+    return out

@@ -1,0 +1,202 @@
+"""A study file resolved: merged with its preset, every name and value checked, its search space
+complete. :func:`load_study` reads a file; :func:`resolve` does the rest, in named steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from mlrc.config.checks import (
+    LOSS_LR_TYPE,
+    check_dataset_params,
+    check_enqueue,
+    check_names,
+    check_sampler,
+    check_space,
+    check_values,
+    param_types,
+)
+from mlrc.config.load import ConfigError, did_you_mean, load_yaml, validate_model
+from mlrc.config.plugins import resolve_miner, resolve_strategy
+from mlrc.config.presets import load_preset
+from mlrc.config.schema import LOSS_LR, DatasetRef, ParamSpace, Preset, Strict, StudyConfig
+from mlrc.config.spaces import default_space
+from mlrc.params import ParamType
+
+
+class ResolvedStudy(Strict):
+    """What a run needs: the study, its full preset (with overrides), its search space."""
+
+    study: StudyConfig
+    preset: Preset
+    space: dict[str, ParamSpace]
+    fixed: dict[str, Any]
+    trials: int
+    sampler: Literal["gp", "tpe"]
+    reproductions: int
+    pruner: Literal["none", "median"] = "none"
+    prune_startup: int = 5
+    source: str = ""
+
+    def fingerprint(self) -> dict[str, Any]:
+        """JSON-able content that defines the study (used to detect a changed study file).
+
+        Fields added after a store was written are left out while at their default, so a study
+        started by an earlier mlrc version still matches its unchanged file."""
+        out = self.model_dump(mode="json", exclude={"source"}, by_alias=True)
+        for key in RUNTIME_ONLY:  # how fast, not what is computed: may change on resume
+            out["preset"].pop(key, None)
+        for path, default in _LATER_FIELDS.items():
+            *parents, key = path
+            node = out
+            for p in parents:
+                node = node.get(p) or {}
+            if key in node and node[key] == default:
+                del node[key]
+        return out
+
+
+# Preset fields that change speed, not the numbers (beyond float noise): not part of a study's
+# identity, so a study can be resumed with them switched.
+RUNTIME_ONLY = ("cudnn_benchmark", "pin_memory", "persistent_workers", "decoded_cache")
+
+# Fields added in mlrc 0.2 (performance and pruning), with the value that means "as before".
+_LATER_FIELDS: dict[tuple[str, ...], Any] = {
+    **{
+        ("preset", k): v
+        for k, v in {
+            "amp": "off",
+            "channels_last": False,
+            "cudnn_benchmark": False,
+            "pin_memory": False,
+            "persistent_workers": False,
+            "decoded_cache": False,
+        }.items()
+    },
+    **{
+        (part, "search", k): None
+        for part in ("study", "preset")
+        for k in ("pruner", "prune_startup")
+    },
+    ("pruner",): "none",
+    ("prune_startup",): 5,
+}
+
+
+def load_study(path: str | Path) -> ResolvedStudy:
+    """Read, validate and resolve a study file. Relative dataset roots: cwd, then the file's dir."""
+    path = Path(path)
+    study = validate_model(StudyConfig, load_yaml(path), str(path))
+    root = study.dataset.root
+    if root is not None:
+        candidates = [Path(root).expanduser(), path.parent / root]
+        found = next((c for c in candidates if c.exists()), None)
+        if found is None:
+            raise ConfigError(
+                f"{path}: dataset.root: {root} does not exist "
+                f"(looked in {candidates[0].resolve()} and {candidates[1].resolve()})"
+            )
+        study.dataset.root = str(found.resolve())
+    return resolve(study, str(path))
+
+
+def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
+    """Merge study and preset; check the loss, its parameters and the dataset root."""
+    spec = _loss_info(study.loss.name, source)
+    _check_dataset(study.dataset, source)
+    preset = load_preset(study.preset, study.overrides, source)
+    space, fixed = _loss_space(study, spec, preset, source)
+    if study.miner is not None:
+        space, fixed = _merge(space, fixed, *resolve_miner(study, spec, source))
+    if study.strategy is not None:
+        space, fixed = _merge(space, fixed, *resolve_strategy(study, spec, source, preset))
+    check_sampler(study.sampler, source)
+    trials = _trials(study, preset, space, source)
+    check_enqueue(study.search.enqueue, space, source, param_types(study, _loss_types(spec)))
+    return ResolvedStudy(
+        study=study,
+        preset=preset,
+        space=space,
+        fixed=fixed,
+        trials=trials,
+        sampler=study.search.sampler or preset.search.sampler or "gp",
+        reproductions=study.test.reproductions or preset.test.reproductions or 2,
+        pruner=study.search.pruner or preset.search.pruner or "none",
+        prune_startup=_first_set(study.search.prune_startup, preset.search.prune_startup, 5),
+        source=source,
+    )
+
+
+def _loss_info(name: str, source: str) -> Any:
+    """The registered loss ``name`` (its :class:`~mlrc.methods.losses.LossInfo`)."""
+    from mlrc.methods import losses
+    from mlrc.registry import RegistryError
+
+    try:
+        return losses.info(name)
+    except RegistryError as e:
+        raise ConfigError(f"{source}: loss.name: {e}") from None
+
+
+def _check_dataset(ref: DatasetRef, source: str) -> None:
+    """The dataset is registered and takes the parameters given."""
+    from mlrc import data
+
+    if ref.name not in data.available():
+        raise ConfigError(
+            f"{source}: dataset.name: unknown dataset {ref.name!r}"
+            f"{did_you_mean(ref.name, data.available())} "
+            f"(available: {', '.join(data.available())})"
+        )
+    check_dataset_params(ref, source)
+
+
+def _loss_types(spec: Any) -> dict[str, ParamType]:
+    """Declared types of the loss's parameters and of its optimiser's learning rate."""
+    return {**spec.types, LOSS_LR: LOSS_LR_TYPE}
+
+
+def _loss_space(
+    study: StudyConfig, spec: Any, preset: Preset, source: str
+) -> tuple[dict[str, ParamSpace], dict[str, Any]]:
+    """The loss's search space and fixed parameters, each name and value checked; the loss
+    optimiser's learning rate is searched over the preset's range unless the study sets it."""
+    space = study.loss.search
+    if space is None:  # the loss's default space (for this dataset and miner), minus loss.params
+        defaults = default_space(
+            spec.name,
+            dataset=study.dataset.name,
+            miner=study.miner.name if study.miner is not None else None,
+        )
+        space = {k: v for k, v in defaults.items() if k not in study.loss.params}
+    accepted = sorted(set(spec.params) | ({LOSS_LR} if spec.has_parameters else set()))
+    given = (("loss.params", study.loss.params), ("loss.search", space))
+    check_names("loss", spec.name, given, accepted, source)
+    both = set(study.loss.params) & set(space)
+    if both:
+        raise ConfigError(f"{source}: loss.params and loss.search both set {sorted(both)}")
+    check_values("loss.params", study.loss.params, _loss_types(spec), source)
+    check_space("loss.search", space, _loss_types(spec), source)
+    if spec.has_parameters and LOSS_LR not in space and LOSS_LR not in study.loss.params:
+        space = {**space, LOSS_LR: preset.loss_optimizer.lr}
+    return space, dict(study.loss.params)
+
+
+def _merge(space: dict, fixed: dict, more_space: dict, more_fixed: dict) -> tuple[dict, dict]:
+    """The study's space and fixed parameters with a miner's or strategy's added."""
+    return {**space, **more_space}, {**fixed, **more_fixed}
+
+
+def _trials(study: StudyConfig, preset: Preset, space: dict[str, ParamSpace], source: str) -> int:
+    """The number of trials (study, else preset, else 1); more than one needs a space."""
+    trials = study.search.trials or preset.search.trials or 1
+    if not space and trials > 1:
+        raise ConfigError(
+            f"{source}: search.trials = {trials} but the search space is empty "
+            "(nothing to search: use trials: 1)"
+        )
+    return trials
+
+
+def _first_set(*values: int | None) -> int:
+    return next(v for v in values if v is not None)
