@@ -31,7 +31,7 @@ from test_study import cli, study_file
 from typer.testing import CliRunner
 
 from mlrc import store
-from mlrc.report.dashboard import dashboard_app
+from mlrc.cli.dashboard import dashboard_app
 from mlrc.store import (
     Baseline,
     CampaignStudy,
@@ -414,7 +414,7 @@ def test_serve_live_page_follows_the_store(browser, store_url):
         sys.executable,
         "-u",
         "-c",
-        "from mlrc.report.dashboard import dashboard_app; dashboard_app(prog_name='mlrc dashboard')",
+        "from mlrc.cli.dashboard import dashboard_app; dashboard_app(prog_name='mlrc dashboard')",
         "serve",
         "--port",
         "0",

@@ -1,0 +1,214 @@
+"""The layout of the test-result tables, shared by every format: per (dataset, protocol) a
+:class:`Block` of :class:`Row` s, each with its :class:`Cell` s and their marks resolved, and
+the legend's notes that the table needs (:func:`legend`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from mlrc.report.legend import (
+    BASELINE_NOTE_END,
+    BASELINE_NOTES,
+    DDAGGER,
+    LEGEND,
+    NONFINITE_NOTE,
+    PROTOCOL_NOTE,
+    PRUNED_NOTE,
+)
+from mlrc.report.summary import with_defaults
+from mlrc.report.values import MODES
+from mlrc.store import METRIC_COLUMNS
+
+__all__ = [
+    "BASELINE_KINDS",
+    "COLUMNS",
+    "METRIC_LABELS",
+    "MODE_LABELS",
+    "Block",
+    "Cell",
+    "Row",
+    "legend",
+    "notes",
+    "row_label",
+    "table_blocks",
+]
+
+MODE_LABELS = {"separated": "Separated (128-D)", "concatenated": "Concatenated (512-D)"}
+METRIC_LABELS = {"map_at_r": "MAP@R", "precision_at_1": "P@1", "r_precision": "R-Prec"}
+BASELINE_KINDS = ("pretrained", "random_init")
+COLUMNS = [(mode, m) for mode in MODES for m in METRIC_COLUMNS]  # a row's cells, in order
+
+
+def row_label(loss: str, strategy: str | None) -> str:
+    """``loss`` or ``loss + strategy`` (a missing strategy is None or NaN in a frame)."""
+    return f"{loss} + {strategy}" if isinstance(strategy, str) and strategy else loss
+
+
+class Cell:
+    """One value of a row: mean, half-width and its marks (bold, †)."""
+
+    def __init__(self, r: pd.Series, compared: bool) -> None:
+        self.mean, self.half_width = float(r["mean"]), float(r["half_width"])
+        self.bold = compared and bool(r["best"])
+        # the column's reference row: best, and not tested against itself
+        ref = bool(r["best"]) and math.isnan(r["p_value"])
+        not_worse = r["not_worse"]
+        self.dagger = compared and not ref and not pd.isna(not_worse) and bool(not_worse)
+
+    def text(self, pm: str) -> str:
+        """``mean pm half-width`` with two decimals (the mean alone without an interval)."""
+        if math.isnan(self.half_width):
+            return f"{self.mean:.2f}"
+        return f"{self.mean:.2f} {pm} {self.half_width:.2f}"
+
+
+class Row:
+    """One row of a block: a study (or a baseline), its ``n`` and its cells (None: no value)."""
+
+    def __init__(
+        self,
+        label: str,
+        n: str,
+        underline: bool,
+        cells: list[Cell | None],
+        baseline: bool = False,
+        study: str = "",
+    ) -> None:
+        self.label, self.n, self.underline, self.cells = label, n, underline, cells
+        self.baseline, self.study = baseline, study
+
+
+@dataclass
+class Block:
+    """One table block: a dataset, or one protocol of a dataset with several."""
+
+    dataset: str
+    protocol: str
+    fields: str  # this protocol's differing fields; "" when the dataset has a single protocol
+    diff: str  # the dataset's differing fields ("preset.max_epochs 1 vs 2"), or ""
+    rows: list[Row]
+    budgets: str  # "trials 4 (contrastive) vs 8 (triplet)" when the search budgets differ
+    nonfinite: list[tuple[str, int, int]]  # (row label, scored 0, complete trials)
+
+    @property
+    def name(self) -> str:
+        """The block in a note: ``cub``, or ``cub, protocol 3f2a9c1d``."""
+        return f"{self.dataset}, protocol {self.protocol}" if self.diff else self.dataset
+
+
+@dataclass
+class _BlockNotes:
+    """What a block's study rows add to its notes while they are laid out."""
+
+    nonfinite: list[tuple[str, int, int]]
+    budgets: dict[int, list[str]]
+
+
+def _study_row(
+    study: str, g: pd.DataFrame, label: str, underline: bool, compared: dict, acc: _BlockNotes
+) -> Row:
+    """A study's row (its lines ``g`` of the summary); records its zeros and budget in ``acc``."""
+    by = {(r["mode"], r["metric"]): r for _, r in g.iterrows()}
+    first = g.iloc[0]
+    if not pd.isna(first["nonfinite_trials"]) and first["nonfinite_trials"] > 0:
+        acc.nonfinite.append((label, int(first["nonfinite_trials"]), int(first["complete_trials"])))
+    if not pd.isna(first["trials_budget"]):
+        acc.budgets.setdefault(int(first["trials_budget"]), []).append(label)
+    if first["pruner"] != "none":
+        label = f"{label} {DDAGGER}"
+    lo, hi = int(g["n"].min()), int(g["n"].max())
+    return Row(
+        label,
+        str(hi) if lo == hi else f"{lo}–{hi}",
+        underline and bool(g["best_row"].any()),
+        [Cell(by[c], compared[c]) if c in by else None for c in COLUMNS],
+        study=study,
+    )
+
+
+def _baseline_row(study: str, g: pd.DataFrame) -> Row:
+    """A baseline's row: n = 1, no marks."""
+    by = {(r["mode"], r["metric"]): r for _, r in g.iterrows()}
+    cells = [Cell(by[c], False) if c in by else None for c in COLUMNS]
+    return Row(study, "1", False, cells, baseline=True, study=study)
+
+
+def _block(dataset: str, protocol: str, d: pd.DataFrame) -> Block:
+    """The block of the summary lines ``d`` of one (dataset, protocol)."""
+    studies = d[~d["baseline"]]
+    # a column's marks need at least two rows with a value in it
+    compared = {
+        c: ((studies["mode"] == c[0]) & (studies["metric"] == c[1])).sum() >= 2 for c in COLUMNS
+    }
+    n_rows = studies["study"].nunique()
+    labels = {
+        st: row_label(g["loss"].iloc[0], g["strategy"].iloc[0])
+        for st, g in studies.groupby("study", sort=False)
+    }
+    rows, acc = [], _BlockNotes([], {})
+    for study, g in d.groupby("study", sort=False):
+        if bool(g["baseline"].iloc[0]):
+            rows.append(_baseline_row(study, g))
+            continue
+        label = labels[study]
+        if list(labels.values()).count(label) > 1:
+            label = f"{label} ({study})"
+        rows.append(_study_row(study, g, label, n_rows >= 2, compared, acc))
+    budget_text = ""
+    if len(acc.budgets) > 1:
+        budget_text = "trials " + " vs ".join(
+            f"{b} ({', '.join(labs)})" for b, labs in acc.budgets.items()
+        )
+    first = d.iloc[0]
+    fields = first["protocol_fields"] if first["protocol_diff"] else ""
+    return Block(
+        dataset, protocol, fields, first["protocol_diff"], rows, budget_text, acc.nonfinite
+    )
+
+
+def table_blocks(summary: pd.DataFrame) -> list[Block]:
+    """Per (dataset, protocol) block, in summary order: its rows with marks resolved, baselines
+    first."""
+    summary = with_defaults(summary)
+    return [
+        _block(dataset, protocol, d)
+        for (dataset, protocol), d in summary.groupby(["dataset", "protocol"], sort=False)
+    ]
+
+
+def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
+    """The legend's notes after the marks: baselines, pruning, protocols, budgets, zeros."""
+    summary = with_defaults(summary)
+    out = []
+    kinds = [k for k in BASELINE_KINDS if ((summary["loss"] == k) & summary["baseline"]).any()]
+    if kinds:
+        out.append("; ".join(BASELINE_NOTES[k] for k in kinds) + BASELINE_NOTE_END)
+    if ((summary["pruner"] != "none") & ~summary["baseline"]).any():
+        out.append(PRUNED_NOTE)
+    split: dict[str, list[Block]] = {}  # dataset -> its blocks, when it has several protocols
+    for b in blocks:
+        if b.diff:
+            split.setdefault(b.dataset, []).append(b)
+    if split:
+        out.append(PROTOCOL_NOTE)
+    for dataset, bs in split.items():
+        out.append(
+            f"{dataset}: {len(bs)} protocols, differing in {bs[0].diff} — "
+            + "; ".join(f"{b.protocol}: {b.fields}" for b in bs)
+            + "."
+        )
+    for b in blocks:
+        if b.budgets:
+            out.append(f"{b.name}: the search budgets differ — {b.budgets}.")
+    for b in blocks:
+        for label, zeros, done in b.nonfinite:
+            out.append(f"{label} ({b.name}): {zeros} of {done} complete trials {NONFINITE_NOTE}.")
+    return out
+
+
+def legend(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
+    """The legend of a table of ``blocks``: the marks (:data:`LEGEND`), then its notes."""
+    return LEGEND + notes(summary, blocks)

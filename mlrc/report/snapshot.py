@@ -1,0 +1,195 @@
+"""What one dashboard page shows, read from the store in one go: a :class:`Snapshot` of the
+selected studies (:class:`StudyData`: their trials as :class:`TrialRow`, their search fold runs as
+:class:`FoldCurve`) and the test-result summary of :mod:`mlrc.report.tables`.
+
+The queries are :mod:`mlrc.store.snapshot`'s; this module only shapes their rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mlrc import store
+from mlrc.report.tables import collect, is_nonfinite, select_studies, summarize
+from mlrc.store.snapshot import StoredStudies, read_studies
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+__all__ = [
+    "FoldCurve",
+    "Snapshot",
+    "StudyData",
+    "TrialRow",
+    "open_store",
+    "read",
+]
+
+
+@dataclass
+class TrialRow:
+    """One trial as the page shows it: state, mean validation MAP@R ± SEM, parameters."""
+
+    number: int
+    state: str
+    value: float | None
+    sem: float | None
+    params: dict
+    params_hash: str
+    reason: str | None
+
+    @property
+    def nonfinite(self) -> bool:
+        """Complete but scored 0: its loss or embeddings went non-finite (``reason`` says so)."""
+        return is_nonfinite(self.state, self.reason)
+
+
+@dataclass
+class FoldCurve:
+    """One search fold run: its validation MAP@R per epoch and its best (early-stop) epoch."""
+
+    fold_run_id: int
+    fold: int
+    trial: int | None  # the trial that (last) ran it
+    params_hash: str
+    status: str
+    best_epoch: int | None
+    best_map_at_r: float | None
+    epochs: list[int] = field(default_factory=list)
+    map_at_r: list[float] = field(default_factory=list)
+    train_loss: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class StudyData:
+    """One study's section of the page: what it is, its trials and its search fold curves."""
+
+    name: str
+    dataset: str
+    loss: str
+    strategy: str | None
+    preset: str
+    created: dt.datetime | None
+    code_version: str
+    budget: int | None
+    campaigns: list[str]
+    trials: list[TrialRow]
+    curves: list[FoldCurve]
+    reproductions: int
+
+
+@dataclass
+class Snapshot:
+    """What one page shows, read in one go from the store."""
+
+    where: str  # the store's URL without password
+    scope: str  # "all studies", "campaign X, study a"
+    campaigns: list[str]  # the selected campaigns
+    studies: list[StudyData]
+    summary: Any  # pandas DataFrame from mlrc.report.tables.summarize (test results)
+    all_campaigns: list[str]  # every campaign in the store (links of the live page)
+    read_at: dt.datetime
+
+
+def open_store(url: str) -> Engine:
+    """The store's engine. Unlike the other commands the dashboard never creates a database:
+    a SQLite URL naming a missing file is an error (a typo would show an empty store)."""
+    return store.connect(url, read_only=True)
+
+
+def read(
+    engine: Engine, studies: list[str] | None = None, campaigns: list[str] | None = None
+) -> Snapshot:
+    """Read the selected studies, in the order of the report's tables
+    (:func:`mlrc.report.tables.select_studies`: each campaign's studies by position, then the
+    named studies; with neither, every study). Unknown names raise ``ReportError``."""
+    names = select_studies(engine, studies, campaigns)
+    stored = read_studies(engine, names)
+    data = _study_data(stored)
+    summary = summarize(collect(engine, studies, campaigns))
+    summary = summary[summary["study"].isin([st.name for st in data]) | summary["baseline"]]
+    return Snapshot(
+        store.redact(str(engine.url)),
+        _scope(studies, campaigns),
+        list(dict.fromkeys(campaigns or [])),
+        data,
+        summary,
+        sorted({c for cs in stored.campaigns.values() for c in cs}),
+        dt.datetime.now(dt.UTC).replace(microsecond=0, tzinfo=None),
+    )
+
+
+def _scope(studies: list[str] | None, campaigns: list[str] | None) -> str:
+    """The page's title: "campaign X, study a", or "all studies" when nothing is selected."""
+    parts = [f"campaign {c}" for c in dict.fromkeys(campaigns or [])]
+    parts += [f"study {n}" for n in dict.fromkeys(studies or [])]
+    return ", ".join(parts) or "all studies"
+
+
+def _study_data(stored: StoredStudies) -> list[StudyData]:
+    """The stored rows shaped as one :class:`StudyData` per study, in the stored order."""
+    trials = _trials(stored)
+    curves = _curves(stored)
+    return [
+        StudyData(
+            st.name,
+            st.dataset,
+            st.loss,
+            st.strategy,
+            st.preset,
+            st.created,
+            st.code_version,
+            _budget(st.config),
+            stored.campaigns.get(st.id, []),
+            _with_trial_numbers(trials[st.id], list(curves[st.id].values())),
+            list(curves[st.id].values()),
+            stored.reproductions.get(st.id, 0),
+        )
+        for st in stored.studies
+    ]
+
+
+def _trials(stored: StoredStudies) -> dict[int, list[TrialRow]]:
+    """Study id → its trials, by number."""
+    trials: dict[int, list[TrialRow]] = {st.id: [] for st in stored.studies}
+    for t in stored.trials:
+        trials[t.study_id].append(
+            TrialRow(t.number, t.state, t.value, t.sem, t.params or {}, t.params_hash, t.reason)
+        )
+    return trials
+
+
+def _curves(stored: StoredStudies) -> dict[int, dict[int, FoldCurve]]:
+    """Study id → fold run id → its curve (validated epochs in order), by fold run id."""
+    curves: dict[int, dict[int, FoldCurve]] = {st.id: {} for st in stored.studies}
+    for f in stored.fold_runs:
+        curves[f.study_id][f.id] = FoldCurve(
+            f.id, f.fold, f.trial_number, f.params_hash, f.status, f.best_epoch, f.map_at_r
+        )
+    for e in stored.epochs:
+        c = curves[e.study_id][e.fold_run_id]
+        c.epochs.append(e.epoch)
+        c.map_at_r.append(e.map_at_r)
+        c.train_loss.append(e.train_loss)
+    return curves
+
+
+def _with_trial_numbers(trials: list[TrialRow], curves: list[FoldCurve]) -> list[TrialRow]:
+    """Fold runs written without a trial number get the latest trial with their parameters."""
+    by_hash = {t.params_hash: t.number for t in trials}
+    for c in curves:
+        if c.trial is None:
+            c.trial = by_hash.get(c.params_hash)
+    return trials
+
+
+def _budget(config: dict | None) -> int | None:
+    """The study's search budget from its stored configuration (None: unknown)."""
+    try:
+        return (
+            config["study"]["search"].get("trials") or config["preset"]["search"]["trials"]
+        ) or None
+    except (KeyError, TypeError, AttributeError):
+        return None

@@ -1,0 +1,144 @@
+"""The tidy summary of the test-result tables: per (study or baseline, mode, metric) the mean
+and its 95% Student-t interval over reproductions, and the marks within each (dataset,
+protocol) block — best mean, best row, Welch's t-test against the column's best."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from mlrc.protocol import confidence_interval
+from mlrc.report.values import META_COLUMNS
+
+__all__ = ["ALPHA", "TIDY_COLUMNS", "summarize", "welch_p", "with_defaults"]
+
+ALPHA = 0.05
+TIDY_COLUMNS = [
+    "study",
+    "dataset",
+    "protocol",
+    "protocol_fields",
+    "loss",
+    "strategy",
+    "pruner",
+    "mode",
+    "metric",
+    "mean",
+    "half_width",
+    "n",
+    "low",
+    "high",
+    "best",
+    "best_row",
+    "p_value",
+    "not_worse",
+    "complete_trials",
+    "nonfinite_trials",
+]
+_KEYS = ["study", "dataset", "protocol", "loss", "strategy", "pruner", "mode", "metric"]
+
+
+def welch_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided p-value of Welch's t-test; NaN when either side has fewer than 2 values."""
+    if len(a) < 2 or len(b) < 2:
+        return math.nan
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
+    """``values`` with the columns :func:`~mlrc.report.values.collect` adds (a frame built by
+    hand may lack them)."""
+    values = values.copy()
+    defaults = {
+        "protocol": "",
+        "baseline": False,
+        "protocol_fields": "",
+        "protocol_diff": "",
+        "trials_budget": pd.NA,
+        "complete_trials": pd.NA,
+        "nonfinite_trials": pd.NA,
+    }
+    for c, v in defaults.items():
+        if c not in values.columns:
+            values[c] = v
+    values["baseline"] = values["baseline"].astype(bool)
+    return values
+
+
+def summarize(values: pd.DataFrame, level: float = 0.95, alpha: float = ALPHA) -> pd.DataFrame:
+    """Tidy summary, one line per (study or baseline, mode, metric), in percent, in the order of
+    ``values``: mean, CI half-width, n, low, high; ``best`` (highest mean of its dataset ×
+    protocol × mode × metric), ``best_row`` (the study with its block's highest concatenated
+    MAP@R), ``p_value`` (Welch's t-test against the column's best study in the block; NaN for
+    that study itself and when n < 2 on either side) and ``not_worse`` (True for the best study
+    and when p ≥ ``alpha``, False when p < ``alpha``, missing when p is NaN). Baseline lines
+    (``baseline`` True) take no part: never best, no p-value. The :data:`META_COLUMNS` follow."""
+    summary, samples = _intervals(with_defaults(values), level)
+    _mark(summary, samples, alpha)
+    return summary
+
+
+def _intervals(values: pd.DataFrame, level: float) -> tuple[pd.DataFrame, list[np.ndarray]]:
+    """The summary's lines without marks, and each line's values (by reproduction)."""
+    out, samples = [], []
+    for key, g in values.groupby(_KEYS, sort=False, dropna=False):
+        v = g.sort_values("reproduction")["value"].to_numpy(dtype=np.float64)
+        mean, hw = confidence_interval(v, level) if len(v) >= 2 else (float(v.mean()), math.nan)
+        samples.append(v)
+        first = g.iloc[0]
+        out.append(
+            {
+                **dict(zip(_KEYS, key, strict=True)),
+                "mean": mean,
+                "half_width": hw,
+                "n": len(v),
+                "low": mean - hw,
+                "high": mean + hw,
+                **{c: first[c] for c in META_COLUMNS},
+            }
+        )
+    columns = [c for c in TIDY_COLUMNS if c in _KEYS or c in ("mean", "half_width", "n")]
+    columns += ["low", "high"] + [c for c in META_COLUMNS if c not in columns]
+    summary = pd.DataFrame(out, columns=columns)
+    summary["baseline"] = summary["baseline"].astype(bool)
+    for c in ("trials_budget", "complete_trials", "nonfinite_trials"):
+        summary[c] = summary[c].astype("Int64")
+    return summary, samples
+
+
+def _mark(summary: pd.DataFrame, samples: list[np.ndarray], alpha: float) -> None:
+    """Adds (in place) ``best``, ``best_row``, ``p_value`` and ``not_worse``, within each block
+    and among its studies only."""
+    summary["best"] = False
+    summary["best_row"] = False
+    summary["p_value"] = math.nan
+    summary["not_worse"] = pd.Series([pd.NA] * len(summary), dtype="boolean")
+    compared = summary[~summary["baseline"]]
+    for _, col in compared.groupby(["dataset", "protocol", "mode", "metric"], sort=False):
+        top = col["mean"].max()
+        summary.loc[col.index[col["mean"] == top], "best"] = True
+        ref = col.index[col["mean"] == top][0]  # first in table order among exact ties
+        summary.loc[ref, "not_worse"] = True
+        for i in col.index.drop(ref):
+            p = welch_p(samples[i], samples[ref])
+            summary.loc[i, "p_value"] = p
+            if not math.isnan(p):
+                summary.loc[i, "not_worse"] = p >= alpha
+    for _, d in compared.groupby(["dataset", "protocol"], sort=False):
+        best = _best_rows(d)
+        summary.loc[d.index[d["study"].isin(best)], "best_row"] = True
+
+
+def _best_rows(d: pd.DataFrame) -> list[str]:
+    """Studies of one block with the highest concatenated MAP@R (else separated MAP@R)."""
+    for mode in ("concatenated", "separated"):
+        c = d[(d["mode"] == mode) & (d["metric"] == "map_at_r")]
+        if not c.empty:
+            return c.loc[c["mean"] == c["mean"].max(), "study"].tolist()
+    return []

@@ -1,0 +1,88 @@
+"""The test-result tables as one self-contained HTML page: ``<strong>``, ``<u>``,
+``<sup>†</sup>``, baselines in grey italics, no external resources. The dashboard embeds it."""
+
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+
+from mlrc.report.layout import METRIC_LABELS, MODE_LABELS, Block, Cell, Row, legend, table_blocks
+from mlrc.report.legend import DAGGER
+from mlrc.report.values import MODES
+from mlrc.store import METRIC_COLUMNS
+
+__all__ = ["html_page"]
+
+_HTML_STYLE = (
+    "body{font-family:sans-serif;margin:2em}"
+    "table{border-collapse:collapse;margin-bottom:1em}"
+    "th,td{padding:.25em .6em;text-align:right;white-space:nowrap}th{text-align:center}"
+    "sup{line-height:0}"
+    ".label{text-align:left}"
+    "thead tr:first-child th{border-top:2px solid #000}"
+    "thead tr:last-child th{border-bottom:1px solid #000}"
+    "tbody tr:last-child td{border-bottom:2px solid #000}"
+    "tr.baseline td{color:#555;font-style:italic}"
+    ".legend{font-size:.9em}"
+)
+
+
+def _cell(c: Cell | None) -> str:
+    if c is None:
+        return "<td>–</td>"
+    t = html.escape(c.text("±"))
+    t = f"<strong>{t}</strong>" if c.bold else t
+    return f"<td>{t}{f'<sup>{DAGGER}</sup>' if c.dagger else ''}</td>"
+
+
+def _row(r: Row) -> str:
+    esc = html.escape
+    label = esc(r.label)
+    label = f"<u>{label}</u>" if r.underline else label
+    tds = [f'<td class="label">{label}</td>', f"<td>{r.n}</td>"]
+    tds += [_cell(c) for c in r.cells]
+    attrs = ' class="baseline"' if r.baseline else ""
+    return f'<tr{attrs} data-row="{esc(r.study)}">' + "".join(tds) + "</tr>"
+
+
+def _table(b: Block) -> list[str]:
+    """A block: its heading and its table."""
+    esc = html.escape
+    title = b.dataset + (f" — protocol {b.protocol}: {b.fields}" if b.diff else "")
+    return [
+        f"<h3>{esc(title)}</h3>",
+        f'<table data-dataset="{esc(b.dataset)}" data-protocol="{esc(b.protocol)}">',
+        "<thead>",
+        '<tr><th rowspan="2" class="label">Loss</th><th rowspan="2">n</th>'
+        + "".join(f'<th colspan="3">{esc(MODE_LABELS[m])}</th>' for m in MODES)
+        + "</tr>",
+        "<tr>"
+        + "".join(f"<th>{esc(METRIC_LABELS[m])}</th>" for _ in MODES for m in METRIC_COLUMNS)
+        + "</tr>",
+        "</thead>",
+        "<tbody>",
+        *[_row(r) for r in b.rows],
+        "</tbody>",
+        "</table>",
+    ]
+
+
+def html_page(summary: pd.DataFrame) -> str:
+    """The tables of ``summary`` and their legend as a complete HTML page."""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        '<head><meta charset="utf-8"><title>mlrc test results</title>',
+        f"<style>{_HTML_STYLE}</style></head>",
+        "<body>",
+    ]
+    if summary.empty:
+        parts.append("<p>No test results in the store yet: run <code>mlrc study test</code>.</p>")
+    blocks = table_blocks(summary)
+    for b in blocks:
+        parts += _table(b)
+    parts.append('<div class="legend">')
+    parts += [f"<p>{html.escape(line)}</p>" for line in legend(summary, blocks)]
+    parts += ["</div>", "</body>", "</html>", ""]
+    return "\n".join(parts)

@@ -1,0 +1,299 @@
+"""The values of the test-result tables: which studies a selection names
+(:func:`select_studies`) and one row per (study, reproduction, mode, metric) in table order
+(:func:`collect`), each study with its protocol block, and each block's untrained baselines
+first. Reads the store through :mod:`mlrc.store.reads`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from mlrc.report.protocols import (
+    diff_text,
+    fields_text,
+    protocol_differences,
+    protocol_key,
+    protocol_of,
+)
+from mlrc.store import METRIC_COLUMNS, NONFINITE, reads
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from mlrc.store import Baseline, Study, TestResult
+
+__all__ = [
+    "META_COLUMNS",
+    "MODES",
+    "VALUE_COLUMNS",
+    "ReportError",
+    "collect",
+    "is_nonfinite",
+    "select_studies",
+    "trials_budget",
+]
+
+MODES = ("separated", "concatenated")
+# per study (one value for all its lines): carried from collect() through summarize()
+META_COLUMNS = [
+    "baseline",  # the line is an untrained baseline, not a study
+    "protocol_fields",  # this protocol's differing fields ("" when the dataset has one protocol)
+    "protocol_diff",  # the dataset's differing fields, "preset.max_epochs 1 vs 2"
+    "trials_budget",  # the study's search budget (resolved ``trials``)
+    "complete_trials",
+    "nonfinite_trials",  # complete trials scored 0 for a non-finite loss or embeddings
+]
+VALUE_COLUMNS = [
+    "study",
+    "dataset",
+    "protocol",
+    "loss",
+    "strategy",
+    "pruner",
+    "reproduction",
+    "mode",
+    "metric",
+    "value",
+    *META_COLUMNS,
+]
+
+
+class ReportError(ValueError):
+    """The selection cannot be reported (unknown campaign or study, unknown format)."""
+
+
+# --- the selection ------------------------------------------------------------------------------
+
+
+def select_studies(
+    engine: Engine, studies: list[str] | None = None, campaigns: list[str] | None = None
+) -> list[str]:
+    """Names of the selected studies in table order: each campaign's studies by position (the
+    campaigns in the order given), then the ``studies`` not already in, by name. With neither,
+    every study, by dataset then name. Unknown names raise :class:`ReportError`."""
+    if not studies and not campaigns:
+        return reads.study_names(engine)
+    order: list[str] = []
+    for campaign in dict.fromkeys(campaigns or []):
+        members = reads.campaign_study_names(engine, campaign)
+        if not members:
+            known = reads.campaign_names(engine)
+            hint = ", ".join(known[:10]) + (", …" if len(known) > 10 else "")
+            raise ReportError(
+                f"unknown campaign {campaign!r} (known: {hint or 'none in this store'})"
+            )
+        order += [m for m in members if m not in order]
+    if studies:
+        wanted = sorted(set(studies))
+        found = reads.existing_study_names(engine, wanted)
+        missing = [n for n in wanted if n not in found]
+        if missing:
+            raise ReportError(f"unknown study {', '.join(map(repr, missing))}")
+        order += [n for n in wanted if n not in order]
+    return order
+
+
+# --- per study ----------------------------------------------------------------------------------
+
+
+def is_nonfinite(state: str | None, reason: str | None) -> bool:
+    """A complete trial scored 0 because its loss or embeddings went non-finite."""
+    return state == "complete" and bool(reason) and NONFINITE in reason
+
+
+def trials_budget(config: Any) -> int | None:
+    """The study's resolved search budget (``trials``; older configs: the study's or preset's)."""
+    if not isinstance(config, dict):
+        return None
+    if isinstance(config.get("trials"), int):
+        return config["trials"]
+    for part in ("study", "preset"):
+        try:
+            value = config[part]["search"]["trials"]
+        except (KeyError, TypeError):
+            continue
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _trial_counts(
+    reasons: list[tuple[int, str | None]], study_ids: list[int]
+) -> tuple[dict[int, int], dict[int, int]]:
+    """Per study: its complete trials, and those of them scored 0 for a non-finite value."""
+    complete: dict[int, int] = dict.fromkeys(study_ids, 0)
+    nonfinite: dict[int, int] = dict.fromkeys(study_ids, 0)
+    for study_id, reason in reasons:
+        complete[study_id] += 1
+        nonfinite[study_id] += is_nonfinite("complete", reason)
+    return complete, nonfinite
+
+
+# --- protocol blocks ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Group:
+    """The studies of one dataset under one protocol: a table block."""
+
+    dataset: str
+    key: str
+    protocol: dict
+    studies: list[Study] = field(default_factory=list)
+    fields: str = ""  # this protocol's differing fields, "" when the dataset has one protocol
+    diff: str = ""  # the dataset's differing fields, "" when it has one protocol
+    rank: tuple[int, int] = (0, 0)  # (dataset, protocol within the dataset) in table order
+
+
+def _protocol_groups(ordered: list[Study]) -> list[_Group]:
+    """Per dataset, per protocol, a group of the studies (given in table order); datasets and
+    their protocols in the order of their first study, with their differing fields worded."""
+    by_dataset: dict[str, dict[str, _Group]] = {}
+    for st in ordered:
+        groups = by_dataset.setdefault(st.dataset, {})
+        key = protocol_key(st.config)
+        groups.setdefault(key, _Group(st.dataset, key, protocol_of(st.config))).studies.append(st)
+    out = []
+    for d_rank, groups in enumerate(by_dataset.values()):
+        diffs = protocol_differences([g.protocol for g in groups.values()])
+        several = len(groups) > 1
+        for g_rank, g in enumerate(groups.values()):
+            g.fields = fields_text(diffs, g_rank) if several else ""
+            g.diff = diff_text(diffs) if several else ""
+            g.rank = (d_rank, g_rank)
+            out.append(g)
+    return out
+
+
+# --- rows ---------------------------------------------------------------------------------------
+
+
+def _study_rows(
+    results: list[tuple[Study, TestResult]],
+    group_of: dict[int, _Group],
+    rank: dict[str, int],
+    meta: dict[int, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """One row per (final test result, metric), with its study's meta columns."""
+    rows = []
+    for st, tr in results:
+        g = group_of[st.id]
+        for m in METRIC_COLUMNS:
+            rows.append(
+                {
+                    "study": st.name,
+                    "dataset": st.dataset,
+                    "protocol": g.key,
+                    "loss": st.loss,
+                    "strategy": st.strategy,
+                    "pruner": (st.config or {}).get("pruner") or "none",
+                    "reproduction": tr.reproduction,
+                    "mode": tr.mode,
+                    "metric": m,
+                    "value": 100.0 * getattr(tr, m),
+                    **meta[st.id],
+                    "_order": (*g.rank, 1, rank[st.name]),
+                }
+            )
+    return rows
+
+
+def _baseline_rows(
+    g: _Group, links: dict[int, str], baselines: dict[str, list[Baseline]]
+) -> list[dict[str, Any]]:
+    """One row per (baseline, mode, metric) for the baselines of the group's studies, labelled
+    by the baseline's label (with its key's start where two baselines share one)."""
+    used = list(dict.fromkeys(links[st.id] for st in g.studies if st.id in links))
+    labels = [baselines[k][0].label if baselines.get(k) else "" for k in used]
+    rows = []
+    for i, key in enumerate(used):
+        label = labels[i] if labels.count(labels[i]) == 1 else f"{labels[i]} [{key[:8]}]"
+        for b in baselines.get(key, []):
+            for m in METRIC_COLUMNS:
+                rows.append(
+                    {
+                        "study": label,
+                        "dataset": g.dataset,
+                        "protocol": g.key,
+                        "loss": b.kind,
+                        "strategy": None,
+                        "pruner": None,
+                        "reproduction": 0,
+                        "mode": b.mode,
+                        "metric": m,
+                        "value": 100.0 * getattr(b, m),
+                        "baseline": True,
+                        "protocol_fields": g.fields,
+                        "protocol_diff": g.diff,
+                        "trials_budget": None,
+                        "complete_trials": None,
+                        "nonfinite_trials": None,
+                        "_order": (*g.rank, 0, i),
+                    }
+                )
+    return rows
+
+
+def _values_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The rows in table order (block, baselines first, study, mode, metric, reproduction)."""
+    if not rows:
+        return pd.DataFrame(columns=VALUE_COLUMNS)
+    mode_rank = {m: i for i, m in enumerate(MODES)}
+    metric_rank = {m: i for i, m in enumerate(METRIC_COLUMNS)}
+    rows.sort(
+        key=lambda r: (
+            *r["_order"],
+            mode_rank.get(r["mode"], len(MODES)),
+            metric_rank[r["metric"]],
+            r["reproduction"],
+        )
+    )
+    for r in rows:
+        del r["_order"]
+    values = pd.DataFrame(rows, columns=VALUE_COLUMNS)
+    for c in ("trials_budget", "complete_trials", "nonfinite_trials"):
+        values[c] = values[c].astype("Int64")
+    values["baseline"] = values["baseline"].astype(bool)
+    return values
+
+
+def _study_meta(
+    groups: list[_Group], counts: tuple[dict[int, int], dict[int, int]]
+) -> dict[int, dict[str, Any]]:
+    """Per study id, its :data:`META_COLUMNS`."""
+    complete, nonfinite = counts
+    return {
+        st.id: {
+            "baseline": False,
+            "protocol_fields": g.fields,
+            "protocol_diff": g.diff,
+            "trials_budget": trials_budget(st.config),
+            "complete_trials": complete[st.id],
+            "nonfinite_trials": nonfinite[st.id],
+        }
+        for g in groups
+        for st in g.studies
+    }
+
+
+def collect(
+    engine: Engine, studies: list[str] | None = None, campaigns: list[str] | None = None
+) -> pd.DataFrame:
+    """One row per (study, reproduction, mode, metric) with the value in percent, in table
+    order (see :func:`select_studies`), with the study's protocol (:func:`protocol_key`) and
+    per-study columns (:data:`META_COLUMNS`). Each (dataset, protocol) block starts with the
+    baselines of its studies (``baseline`` True, ``study`` = the baseline's label, ``loss`` =
+    its kind, reproduction 0). Studies without test results are left out."""
+    names = select_studies(engine, studies, campaigns)
+    rank = {n: i for i, n in enumerate(names)}
+    data = reads.table_inputs(engine, names)
+    found = {st.id: st for st, _ in data.results}
+    groups = _protocol_groups(sorted(found.values(), key=lambda st: rank[st.name]))
+    group_of = {st.id: g for g in groups for st in g.studies}
+    meta = _study_meta(groups, _trial_counts(data.trial_reasons, list(found)))
+    rows = _study_rows(data.results, group_of, rank, meta)
+    for g in groups:
+        rows += _baseline_rows(g, data.baseline_links, data.baselines)
+    return _values_frame(rows)
