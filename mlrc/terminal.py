@@ -95,7 +95,7 @@ def check_artifacts(path: Path) -> None:
 def user_errors():
     """Turn every expected failure into one line on stderr and exit code 2."""
     from mlrc.config import ConfigError
-    from mlrc.search.study import StudyError
+    from mlrc.search import StudyError
     from mlrc.store import StoreError
 
     try:
@@ -105,31 +105,13 @@ def user_errors():
 
 
 def print_status_by_name(engine, name: str) -> None:
-    from sqlalchemy import func, select
-
     from mlrc import store
+    from mlrc.store import trials as stored
 
-    with store.session(engine) as s:
-        st = store.get_study(s, name)
-        if st is None:
-            fail(f"no study {name!r} in {store.redact(str(engine.url))}")
-        trials = (
-            s.execute(select(store.Trial).filter_by(study_id=st.id).order_by(store.Trial.number))
-            .scalars()
-            .all()
-        )
-        folds = dict(
-            s.execute(
-                select(store.FoldRun.kind, func.count())
-                .filter_by(study_id=st.id, status="complete")
-                .group_by(store.FoldRun.kind)
-            ).all()
-        )
-        tests = s.execute(
-            select(func.count(func.distinct(store.TestResult.reproduction))).filter_by(
-                study_id=st.id
-            )
-        ).scalar()
+    status = stored.study_status(engine, name)
+    if status is None:
+        fail(f"no study {name!r} in {store.redact(str(engine.url))}")
+    st, trials, folds, tests = status
     table = Table(title=f"study {name} ({st.dataset}, {st.loss}, preset {st.preset})")
     for col in ("trial", "state", "val MAP@R", "± SEM", "params", "reason"):
         table.add_column(col)

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 
 from mlrc import store
 from mlrc.campaign import (
-    campaign_app,
     cells,
     load_campaign,
     parse_campaign,
@@ -24,9 +23,10 @@ from mlrc.campaign import (
     sanitize,
     study_name,
 )
+from mlrc.cli.campaign import campaign_app
 from mlrc.config import ConfigError, default_space
 from mlrc.methods import losses
-from mlrc.search.study import open_study, run_search
+from mlrc.search import open_study, run_search
 from mlrc.store import CampaignStudy, FoldRun, Study, TestResult, Trial
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import torch
 from conftest import train_tiny_fold
 
 from mlrc.config import load_preset
-from mlrc.train.fold import build_model, loader_options
+from mlrc.train import build_model, loader_options
 
 EXACT = {
     "channels_last": True,

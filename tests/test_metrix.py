@@ -15,7 +15,7 @@ from mlrc.config import load_preset, load_study
 from mlrc.methods import losses, strategies
 from mlrc.models.trunks import BNInception, ResNet50Trunk, SmallCNN
 from mlrc.protocol import mlrc_split
-from mlrc.train.fold import Model, build_model
+from mlrc.train import Model, build_model
 
 LOSS_NAMES = ["contrastive", "multi_similarity", "proxy_anchor"]
 LAM = 0.3

@@ -26,7 +26,7 @@ from mlrc.config import load_preset
 from mlrc.methods import losses
 from mlrc.protocol import mlrc_split
 from mlrc.store import EpochMetric, FoldRun, TestResult, Trial
-from mlrc.train.fold import View, embed, load_model
+from mlrc.train import View, embed, load_model
 
 runner = CliRunner()
 TINY = {
@@ -520,14 +520,15 @@ def test_study_with_a_training_strategy(tmp_path):
 
 
 def test_the_sqlite_study_lock_names_its_holder_and_is_released(tmp_path):
-    from mlrc.search.study import StudyError, _sqlite_lock
+    from mlrc.search import StudyError
+    from mlrc.search.context import sqlite_lock
 
     engine = create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    with _sqlite_lock(engine, "s"):
+    with sqlite_lock(engine, "s"):
         assert Path(f"{tmp_path / 'db.sqlite'}.s.lock").read_text() == str(os.getpid())
         refused = pytest.raises(StudyError, match=rf"already running .* \(pid {os.getpid()}\)")
-        with refused, _sqlite_lock(engine, "s"):
+        with refused, sqlite_lock(engine, "s"):
             pass
-    with _sqlite_lock(engine, "s"):  # released on leaving: taken again
+    with sqlite_lock(engine, "s"):  # released on leaving: taken again
         pass
     engine.dispose()

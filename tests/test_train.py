@@ -19,7 +19,7 @@ from mlrc.config import load_preset
 from mlrc.methods import losses
 from mlrc.methods.samplers import ClassBalancedBatchSampler
 from mlrc.protocol import mlrc_split
-from mlrc.train.fold import FoldSpec, train_fold
+from mlrc.train import FoldSpec, train_fold
 
 FAST = {
     "iterations_per_epoch": 4,
@@ -155,7 +155,7 @@ def test_best_checkpoint_holds_the_best_epoch_not_the_last(glyphs, tmp_path, col
     """A fold whose best epoch is earlier than its last: best.pt, reloaded and evaluated with a
     naive loop, gives the stored best val MAP@R (and not the last epoch's)."""
     from mlrc.data.transforms import eval_transform
-    from mlrc.train.fold import View, embed, load_model
+    from mlrc.train import View, embed, load_model
 
     s = spec(
         glyphs,
@@ -274,7 +274,7 @@ KILL_SCRIPT = textwrap.dedent("""
     from mlrc import data
     from mlrc.config import load_preset
     from mlrc.protocol import mlrc_split
-    from mlrc.train.fold import FoldSpec, train_fold
+    from mlrc.train import FoldSpec, train_fold
     ds = data.build("glyphs")
     fold = mlrc_split(ds.labels, scheme="mlrc").folds[0]
     over = {"iterations_per_epoch": 15, "max_epochs": 8, "validate_every": {"default": 1},

@@ -192,12 +192,12 @@ def test_a_port_in_use_is_named_before_the_store_is_read(tmp_path, never_serve):
 
 def test_a_privileged_port_is_one_line(tmp_path, monkeypatch, never_serve):
     """Whoever runs the tests (root may bind port 80): the refusal the kernel gives others."""
-    import mlrc.report.dashboard as dashboard
+    import mlrc.report.server as server
 
     def refused(*a, **k):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(dashboard, "ThreadingHTTPServer", refused)
+    monkeypatch.setattr(server, "ThreadingHTTPServer", refused)
     url = new_store(tmp_path / "mlrc.db")
     assert one_line(["dashboard", "serve", "--port", "80", "--storage", url]) == (
         "error: 127.0.0.1:80: permission denied (ports below 1024 need administrator rights); "
@@ -255,8 +255,8 @@ def test_artifacts_naming_a_file_is_one_line(tmp_path):
 def test_artifacts_with_a_nul_character_is_refused_before_any_work(tmp_path, capsys):
     """No shell can pass a NUL in an argument; typer's path conversion refuses one as a usage
     error (exit 2, no traceback) before the command's own check
-    (:func:`mlrc.cli.check_artifacts`), which names it in one line for other callers."""
-    from mlrc.cli import check_artifacts
+    (:func:`mlrc.terminal.check_artifacts`), which names it in one line for other callers."""
+    from mlrc.terminal import check_artifacts
 
     folder = f"{tmp_path}/a\x00b"
     r = runner.invoke(app, ["demo", "--artifacts", folder])
@@ -315,7 +315,7 @@ def test_an_unexpected_exception_is_one_line_and_a_traceback_file(tmp_path, monk
 
 
 def test_the_command_named_is_the_subcommand(tmp_path, monkeypatch):
-    monkeypatch.setattr("mlrc.cli.print_status_by_name", lambda *a: {}["missing key"])
+    monkeypatch.setattr("mlrc.cli.study.print_status_by_name", lambda *a: {}["missing key"])
     url = new_store(tmp_path / "mlrc.db")
     line = one_line(["study", "status", "s", "--storage", url], code=1)
     assert line.startswith("error: mlrc study status: KeyError: 'missing key' (full traceback in ")
@@ -387,7 +387,7 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_still_an_interrupt(tmp_path, mo
         except KeyboardInterrupt:
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos")  # noqa: B904
 
-    monkeypatch.setattr("mlrc.cli._open", interrupted_mid_write)
+    monkeypatch.setattr("mlrc.cli.study.open_study_file", interrupted_mid_write)
     line = one_line(["study", "run", "s.yaml", "--artifacts", tmp_path / "art"], code=130)
     assert line == "interrupted (SIGINT): run the same command to resume"
     assert not (tmp_path / "cache" / "logs").exists()

@@ -174,9 +174,9 @@ def between_parameter_draws() -> None:
 def between_best_and_last() -> None:
     """Killed right after a new best model of a trained epoch (≥ 1: it replaces an earlier best,
     epoch 0 at least) is written, before ``last.pt``."""
-    from mlrc.train import fold
+    from mlrc.train import checkpoint
 
-    original = fold._atomic_save
+    original = checkpoint.atomic_save  # save_pending_best writes through it
 
     def save(obj, path: Path) -> None:  # noqa: ANN001
         original(obj, path)
@@ -184,7 +184,7 @@ def between_best_and_last() -> None:
         if m and int(m.group(1)) >= 1:
             _die()
 
-    fold._atomic_save = save
+    checkpoint.atomic_save = save
 
 
 def between_retry_and_fail() -> None:
@@ -202,9 +202,9 @@ def between_retry_and_fail() -> None:
 
 def before_tell() -> None:
     """Killed after a trial's result is stored in mlrc's table, before Optuna is told."""
-    from mlrc.search import study
+    from mlrc.search.backends import local
 
-    study._tell = lambda *args, **kwargs: _die()
+    local._tell = lambda *args, **kwargs: _die()
 
 
 def _otrials(db: Path) -> list[optuna.trial.FrozenTrial]:

@@ -28,7 +28,7 @@ import pytest
 import torch
 import yaml
 
-import mlrc.search.study  # noqa: F401 — imported once here, not in every child
+import mlrc.search  # noqa: F401 — imported once here, not in every child
 from mlrc.cli import app
 from mlrc.data import build as build_dataset
 from mlrc.methods import losses
@@ -349,12 +349,12 @@ def test_full_disk_while_checkpointing_keeps_the_last_checkpoint_and_resumes(tmp
 def test_a_last_pt_that_is_not_weights_only_is_refused_in_one_line(tmp_path):
     """``last.pt`` is loaded with ``weights_only=True``: one holding anything but tensors and
     plain values (here a numpy scalar, as an older or foreign file might) is not unpickled."""
-    from mlrc.train.fold import CheckpointError, _resume_state
+    from mlrc.train.checkpoint import CheckpointError, resume_state
 
     last = tmp_path / "last.pt"
     torch.save({"epoch": 3, "best": {"map_at_r": np.float64(0.5)}}, last)
     with pytest.raises(CheckpointError) as e:
-        _resume_state(last, tmp_path / "best.pt")
+        resume_state(last, tmp_path / "best.pt")
     message = str(e.value)
     assert "\n" not in message
     assert message.startswith(f"cannot resume from {last} (Weights only load failed")

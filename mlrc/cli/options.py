@@ -1,0 +1,40 @@
+"""The options several ``mlrc`` commands share (same flag, same help, same default)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = [
+    "DEFAULT_ARTIFACTS",
+    "DEFAULT_STORAGE",
+    "AddressOpt",
+    "ArtifactsOpt",
+    "CpusPerTrialOpt",
+    "DeviceOpt",
+    "GpusPerTrialOpt",
+    "MaxConcurrentOpt",
+    "QuietOpt",
+    "StorageOpt",
+]
+
+DEFAULT_STORAGE = "sqlite:///mlrc.db"
+DEFAULT_ARTIFACTS = Path("mlrc-artifacts")
+
+StorageOpt = Annotated[
+    str, typer.Option("--storage", envvar="MLRC_STORAGE", help="SQLAlchemy URL of the store")
+]
+ArtifactsOpt = Annotated[Path, typer.Option("--artifacts", help="checkpoint directory")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress bars")]
+
+# --- the Ray backend (mlrc study run, mlrc campaign run) ---------------------------------------
+
+AddressOpt = Annotated[
+    str | None, typer.Option(help="ray: auto, HOST:PORT, or none for a local Ray")
+]
+MaxConcurrentOpt = Annotated[int, typer.Option(help="ray: trials running at once")]
+CpusPerTrialOpt = Annotated[float, typer.Option(help="ray: CPUs reserved per trial")]
+GpusPerTrialOpt = Annotated[float, typer.Option(help="ray: GPUs per trial (0.25 packs 4)")]

@@ -1,0 +1,45 @@
+"""``mlrc report``: the table of test results, in Markdown, CSV, LaTeX or HTML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mlrc.cli.options import DEFAULT_STORAGE, StorageOpt
+from mlrc.terminal import fail, print_report, user_errors
+
+__all__ = ["report"]
+
+
+def report(
+    storage: StorageOpt = DEFAULT_STORAGE,
+    campaign: Annotated[
+        list[str] | None,
+        typer.Option("--campaign", help="campaign name (repeat): its studies in campaign order"),
+    ] = None,
+    study: Annotated[list[str] | None, typer.Option("--study", help="study name (repeat)")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="md, csv, latex or html")] = "md",
+    out: Annotated[Path | None, typer.Option("--out", help="write to this file")] = None,
+    standalone: Annotated[
+        bool, typer.Option("--standalone", help="LaTeX: a complete document for pdflatex")
+    ] = False,
+) -> None:
+    """Test results with 95% CIs: separated (128-D) and concatenated (512-D), in percent.
+
+    Per dataset a block (one per protocol when its studies' protocols differ), its untrained
+    baseline row first. Bold: best mean in its column. Underlined: highest concat. MAP@R.
+
+    †: not significantly worse than the column's best (Welch's t-test, p ≥ 0.05).
+
+    With neither --campaign nor --study: every study in the store, by name."""
+    from mlrc import store
+    from mlrc.report.tables import FORMATS
+
+    if fmt not in FORMATS:
+        fail(f"unknown format {fmt!r} ({', '.join(FORMATS)})")
+    if standalone and fmt not in ("latex", "html"):
+        fail("--standalone applies to --format latex (html is always a complete page)")
+    with user_errors():
+        print_report(store.connect(storage, read_only=True), study, fmt, out, campaign, standalone)

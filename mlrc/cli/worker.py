@@ -1,0 +1,112 @@
+"""``mlrc worker``: one worker of a pool sharing a study (``--per-gpu N``: N of them on one
+device, as child processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mlrc.cli.interrupts import interrupts
+from mlrc.cli.options import DEFAULT_ARTIFACTS, DEFAULT_STORAGE, QuietOpt
+from mlrc.cli.study import open_study_file
+from mlrc.terminal import (
+    check_artifacts,
+    check_device,
+    console,
+    fail,
+    print_status_by_name,
+    user_errors,
+)
+
+__all__ = ["packed_workers", "worker"]
+
+
+def worker(
+    study_file: Annotated[Path, typer.Argument(help="study YAML")],
+    storage: Annotated[
+        str,
+        typer.Option("--storage", envvar="MLRC_STORAGE", help="PostgreSQL URL shared by the pool"),
+    ] = DEFAULT_STORAGE,
+    artifacts: Annotated[
+        Path,
+        typer.Option("--artifacts", envvar="MLRC_ARTIFACTS", help="shared checkpoint directory"),
+    ] = DEFAULT_ARTIFACTS,
+    device: Annotated[
+        str, typer.Option("--device", envvar="MLRC_DEVICE", help="cpu, cuda, cuda:N (one GPU)")
+    ] = "cpu",
+    heartbeat: Annotated[int, typer.Option(help="heartbeat interval of a running trial, s")] = 30,
+    grace: Annotated[
+        int | None, typer.Option(help="a trial without heartbeat this long is retried, s (4×)")
+    ] = None,
+    per_gpu: Annotated[
+        int,
+        typer.Option(
+            "--per-gpu", min=1, help="N worker processes sharing --device (packs small trials)"
+        ),
+    ] = 1,
+    quiet: QuietOpt = False,
+) -> None:
+    """One worker of a pool: run trials of the study until its budget of finished trials is
+    reached by the whole pool, then exit 0. Start any number, on any machines, against one
+    PostgreSQL database (SQLite allows a single worker). ``--per-gpu N`` starts N such workers
+    on the same device as separate processes (the exit code is the first non-zero one)."""
+    import logging
+    import os
+
+    from mlrc.search import run_search
+
+    if heartbeat < 1 or (grace is not None and grace <= heartbeat):
+        fail("--heartbeat must be ≥ 1 s and --grace longer than --heartbeat")
+    check_device(device)
+    check_artifacts(artifacts)
+    if per_gpu > 1:
+        args = [str(study_file), "--artifacts", str(artifacts), "--device", device]
+        args += ["--heartbeat", str(heartbeat)] + (["--grace", str(grace)] if grace else [])
+        raise typer.Exit(packed_workers(per_gpu, args + (["--quiet"] if quiet else []), storage))
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s worker {os.getpid()} %(levelname)s %(message)s"
+    )
+    with (
+        interrupts(),
+        user_errors(),
+        open_study_file(study_file, storage, artifacts, device, quiet) as ctx,
+    ):
+        from mlrc.store import redact
+
+        logging.getLogger("mlrc").info(
+            "study %s on %s, device %s, artifacts %s",
+            ctx.name,
+            redact(storage),
+            device,
+            ctx.artifacts,
+        )
+        run_search(ctx, heartbeat_s=heartbeat, grace_s=grace)
+        print_status_by_name(ctx.engine, ctx.name)
+
+
+def packed_workers(n: int, args: list[str], storage: str) -> int:
+    """Run ``mlrc worker ARGS`` n times as child processes (the storage URL goes by environment,
+    never on a command line); SIGINT/SIGTERM are passed on; returns the first non-zero exit."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from mlrc.cli import debugging
+
+    env = {**os.environ, "MLRC_STORAGE": storage, **({"MLRC_DEBUG": "1"} if debugging() else {})}
+    cmd = [sys.executable, "-m", "mlrc.cli", "worker", *args]
+    children = [subprocess.Popen(cmd, env=env) for _ in range(n)]
+    console.print(f"started {n} workers on one device: pids {[c.pid for c in children]}")
+
+    def forward(signum: int, _frame: object) -> None:
+        for c in children:
+            if c.poll() is None:
+                c.send_signal(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, forward)
+    codes = [c.wait() for c in children]
+    return next((c for c in codes if c != 0), 0)
