@@ -393,6 +393,21 @@ def _training_fold(db: Path, trial: int) -> bool:
     )
 
 
+def _linger_after_epochs() -> None:
+    """In the child: wait 0.5 s after each stored epoch, inside the fold (a 1-epoch fold of
+    these tiny runs ends a few ms after its epoch is stored, too soon for a poll to see it
+    training on a fast machine). Timing only: the numbers are unchanged."""
+    from mlrc.store import trials as store_trials
+
+    original = store_trials.record_epoch
+
+    def record_epoch(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        original(*args, **kwargs)
+        time.sleep(0.5)
+
+    store_trials.record_epoch = record_epoch
+
+
 @pytest.fixture(scope="module")
 def signalled(tmp_path_factory):
     """One study run four times: Ctrl-C while trial 0 trains, SIGTERM while its retry (trial 1)
@@ -409,7 +424,7 @@ def signalled(tmp_path_factory):
     assert reference.wait() == 0, reference.output()
     runs = {}
     for name, sig, trial in (("sigint", signal.SIGINT, 0), ("sigterm", signal.SIGTERM, 1)):
-        child = Child([args(db, art)], tmp / name)
+        child = Child([args(db, art)], tmp / name, hook=_linger_after_epochs)
         until(child, lambda trial=trial: _training_fold(db, trial))
         sent = time.monotonic()
         child.signal(sig)
