@@ -105,3 +105,18 @@ def train_tiny_fold(
             **spec,
         )
     )
+
+
+@pytest.fixture(autouse=True)
+def _no_cpu_share_leaks():
+    """A CLI command run in-process registers the test process as an mlrc worker and sets
+    torch's threads (mlrc.train.threads): undone after each test."""
+    import torch
+
+    from mlrc.train import threads
+
+    before = torch.get_num_threads()
+    yield
+    threads.reset()
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)

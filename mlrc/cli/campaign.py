@@ -19,6 +19,8 @@ from mlrc.cli.options import (
     MaxConcurrentOpt,
     QuietOpt,
     StorageOpt,
+    ThreadsOpt,
+    fair_share,
 )
 from mlrc.terminal import check_artifacts, check_device, fail, user_errors
 
@@ -37,6 +39,7 @@ def campaign_run(
     artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
     device: DeviceOpt = "cpu",
     quiet: QuietOpt = False,
+    threads: ThreadsOpt = None,
     backend: Annotated[str, typer.Option(help="search backend: local or ray")] = "local",
     address: AddressOpt = None,
     max_concurrent: MaxConcurrentOpt = 1,
@@ -52,6 +55,8 @@ def campaign_run(
     if backend == "local" or address is None:  # a remote Ray cluster's GPUs are not ours to see
         check_device(device)
     check_artifacts(artifacts)
+    if backend == "local":  # Ray sets its tasks' threads itself
+        fair_share(threads, quiet)
     ray_options = {
         "address": address,
         "max_concurrent": max_concurrent,

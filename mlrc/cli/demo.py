@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mlrc.cli.interrupts import interrupts
-from mlrc.cli.options import ArtifactsOpt, DeviceOpt, QuietOpt, StorageOpt
+from mlrc.cli.options import ArtifactsOpt, DeviceOpt, QuietOpt, StorageOpt, ThreadsOpt, fair_share
 from mlrc.terminal import (
     check_artifacts,
     check_device,
@@ -38,6 +38,7 @@ def demo(
     max_epochs: Annotated[
         int | None, typer.Option(help="epoch cap per fold (default: cpu preset, 16)")
     ] = None,
+    threads: ThreadsOpt = None,
 ) -> None:
     """A complete small study on the embedded default: search, test stage, table with CIs."""
     import time
@@ -47,6 +48,7 @@ def demo(
 
     check_device(device)
     check_artifacts(artifacts)
+    fair_share(threads, quiet)
     t0 = time.monotonic()
     with interrupts(), user_errors():
         resolved = demo_study(trials, reproductions, max_epochs)

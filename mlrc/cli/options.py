@@ -18,6 +18,8 @@ __all__ = [
     "MaxConcurrentOpt",
     "QuietOpt",
     "StorageOpt",
+    "ThreadsOpt",
+    "fair_share",
 ]
 
 DEFAULT_STORAGE = "sqlite:///mlrc.db"
@@ -29,6 +31,29 @@ StorageOpt = Annotated[
 ArtifactsOpt = Annotated[Path, typer.Option("--artifacts", help="checkpoint directory")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress bars")]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        envvar="MLRC_THREADS",
+        min=1,
+        help="torch threads of this process (default: the visible cores ÷ mlrc workers on "
+        "this host, recomputed every fold)",
+    ),
+]
+
+
+def fair_share(threads: int | None, quiet: bool) -> None:
+    """Register this process as an mlrc worker of the host and set torch's threads to
+    ``threads`` or its fair share (again at every fold); prints one line unless ``quiet``."""
+    from mlrc.terminal import console
+    from mlrc.train import threads as cpu
+
+    cpu.configure(threads)
+    line = cpu.share_line()
+    if not quiet:
+        console.print(line, highlight=False, soft_wrap=True)
+
 
 # --- the Ray backend (mlrc study run, mlrc campaign run) ---------------------------------------
 

@@ -20,6 +20,8 @@ from mlrc.cli.options import (
     MaxConcurrentOpt,
     QuietOpt,
     StorageOpt,
+    ThreadsOpt,
+    fair_share,
 )
 from mlrc.terminal import (
     check_artifacts,
@@ -64,6 +66,7 @@ def study_run(
     artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
     device: DeviceOpt = "cpu",
     quiet: QuietOpt = False,
+    threads: ThreadsOpt = None,
     backend: Annotated[str, typer.Option(help="local (this process) or ray")] = "local",
     address: AddressOpt = None,
     max_concurrent: MaxConcurrentOpt = 1,
@@ -92,6 +95,8 @@ def study_run(
     if backend == "local" or address is None:  # a remote Ray cluster's GPUs are not ours to see
         check_device(device)
     check_artifacts(artifacts)
+    if backend == "local":  # Ray sets its tasks' threads itself
+        fair_share(threads, quiet)
     with (
         interrupts(),
         user_errors(),
@@ -133,12 +138,14 @@ def study_test(
     artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
     device: DeviceOpt = "cpu",
     quiet: QuietOpt = False,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Retrain the best parameters N times × 4 folds and test on the unseen classes."""
     from mlrc.search import run_test
 
     check_device(device)
     check_artifacts(artifacts)
+    fair_share(threads, quiet)
     with (
         interrupts(),
         user_errors(),

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from mlrc.cli.interrupts import interrupts
-from mlrc.cli.options import DEFAULT_ARTIFACTS, DEFAULT_STORAGE, QuietOpt
+from mlrc.cli.options import DEFAULT_ARTIFACTS, DEFAULT_STORAGE, QuietOpt, ThreadsOpt, fair_share
 from mlrc.cli.study import open_study_file
 from mlrc.terminal import (
     check_artifacts,
@@ -47,6 +47,7 @@ def worker(
         ),
     ] = 1,
     quiet: QuietOpt = False,
+    threads: ThreadsOpt = None,
 ) -> None:
     """One worker of a pool: run trials of the study until its budget of finished trials is
     reached by the whole pool, then exit 0. Start any number, on any machines, against one
@@ -64,10 +65,12 @@ def worker(
     if per_gpu > 1:
         args = [str(study_file), "--artifacts", str(artifacts), "--device", device]
         args += ["--heartbeat", str(heartbeat)] + (["--grace", str(grace)] if grace else [])
+        args += ["--threads", str(threads)] if threads else []  # else each takes its share
         raise typer.Exit(packed_workers(per_gpu, args + (["--quiet"] if quiet else []), storage))
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker {os.getpid()} %(levelname)s %(message)s"
     )
+    fair_share(threads, quiet)
     with (
         interrupts(),
         user_errors(),

@@ -23,6 +23,7 @@ from mlrc.search.context import (
 from mlrc.search.errors import StudyError
 from mlrc.store import trials
 from mlrc.train import CheckpointError, EpochRecord, FoldResult, FoldSpec, train_fold
+from mlrc.train.threads import apply_share
 
 log = logging.getLogger("mlrc")
 
@@ -66,6 +67,7 @@ def run_fold(
     stored = stored_result(ctx, job)
     if stored is not None:
         return stored
+    apply_share()  # workers on this host come and go: take the current fair share of its cores
     seed = derive_seed(ctx.resolved.study.search.seed, kind, job.params_hash, reproduction, fold)
     fold_run_id = trials.start_fold(
         ctx.engine,

@@ -1,0 +1,163 @@
+"""Fair CPU shares (mlrc.train.threads): visible cores, host-local worker discovery through a
+lock directory, the share, and the --threads option of the commands that train."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from mlrc.cli import app
+from mlrc.train import threads
+
+runner = CliRunner()
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from mlrc.train.threads import register_worker
+register_worker(Path(sys.argv[1]))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _affinity() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def test_visible_cores_without_cgroup_files_is_the_affinity(tmp_path):
+    assert threads.visible_cores(tmp_path) == _affinity()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("max 100000", None), ("100000 100000", 1), ("150000 100000", 2), ("50000 100000", 1)],
+)
+def test_cgroup_v2_quota_rounds_up(tmp_path, text, expected):
+    (tmp_path / "cpu.max").write_text(text + "\n")
+    assert threads.cgroup_cores(tmp_path) == expected
+    assert threads.visible_cores(tmp_path) == min(_affinity(), expected or _affinity())
+
+
+def test_cgroup_v1_quota(tmp_path):
+    d = tmp_path / "cpu,cpuacct"
+    d.mkdir()
+    (d / "cpu.cfs_quota_us").write_text("100000\n")
+    (d / "cpu.cfs_period_us").write_text("100000\n")
+    assert threads.cgroup_cores(tmp_path) == 1
+    assert threads.visible_cores(tmp_path) == 1
+    (d / "cpu.cfs_quota_us").write_text("-1\n")  # no quota
+    assert threads.cgroup_cores(tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("workers", "cores", "expected"), [(1, 2, 2), (2, 2, 1), (3, 2, 1), (0, 8, 8), (3, 8, 2)]
+)
+def test_share_is_the_floor_and_at_least_one(workers, cores, expected):
+    assert threads.share(workers, cores) == expected
+
+
+def _holders(lock_dir: Path, n: int = 1) -> list[subprocess.Popen]:
+    """n processes that registered themselves in lock_dir (started at once, ready on return)."""
+    cmd = [sys.executable, "-c", HOLDER, str(lock_dir)]
+    ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    for p in ps:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return ps
+
+
+def test_count_workers_sees_live_processes_and_forgets_killed_ones(tmp_path):
+    d = tmp_path / "workers"
+    assert threads.count_workers(d) == 0
+    holders = _holders(d, 3)
+    try:
+        assert threads.count_workers(d) == 3
+        holders[0].send_signal(signal.SIGKILL)
+        holders[0].wait()
+        assert threads.count_workers(d) == 2
+        assert len(list(d.glob("*.lock"))) == 2  # the dead one's file is removed
+        threads.register_worker(d)  # this process too
+        assert threads.count_workers(d) == 3
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
+    assert threads.count_workers(d) == 1
+
+
+def test_apply_share_does_nothing_unless_configured():
+    assert threads.apply_share() is None
+
+
+def test_the_fair_share_counts_other_workers(tmp_path, monkeypatch):
+    monkeypatch.setattr(threads, "visible_cores", lambda *_: 4)
+    monkeypatch.setattr(threads, "initial_threads", lambda: 4)
+    d = tmp_path / "workers"
+    threads.configure(None, d)
+    assert threads.apply_share() == 4 and torch.get_num_threads() == 4
+    (h,) = _holders(d)
+    try:  # a second worker appeared: the next fold takes half
+        assert threads.apply_share() == 2 and torch.get_num_threads() == 2
+        assert "2 threads of 4 cores (2 mlrc workers on this host)" in threads.share_line()
+    finally:
+        h.kill()
+        h.wait()
+    assert threads.apply_share() == 4  # it left
+
+
+def test_threads_option_fixes_the_number(tmp_path):
+    threads.configure(1, tmp_path / "workers")
+    assert threads.apply_share() == 1 and torch.get_num_threads() == 1
+    assert (
+        threads.share_line()
+        == f"cpu share: 1 thread of {threads.visible_cores()} cores (--threads)"
+    )
+
+
+def test_a_fold_applies_the_share(monkeypatch):
+    from mlrc.search import folds
+
+    calls = []
+    monkeypatch.setattr(folds, "apply_share", lambda: calls.append(1))
+    monkeypatch.setattr(folds, "stored_result", lambda *_: None)
+    with pytest.raises(AttributeError):  # no context: stops right after the share is taken
+        folds.run_fold(None, "search", {}, 0, 0, 0)  # type: ignore[arg-type]
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("value", ["0", "abc"])
+@pytest.mark.parametrize("command", [["worker", "s.yaml"], ["demo"], ["study", "run", "s.yaml"]])
+def test_bad_threads_are_refused(command, value):
+    r = runner.invoke(app, [*command, "--threads", value])
+    assert r.exit_code == 2 and "Invalid value for '--threads'" in r.output
+
+
+def test_the_commands_take_threads_and_print_the_share(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLRC_CACHE", str(tmp_path / "cache"))
+    r = runner.invoke(
+        app, ["study", "test", str(tmp_path / "missing.yaml"), "--threads", "1"], env={}
+    )
+    assert "cpu share: 1 thread of" in r.output and "(--threads)" in r.output
+    assert torch.get_num_threads() == 1
+    assert len(list((tmp_path / "cache" / "workers").glob("*.lock"))) == 1
+
+
+def test_an_unwritable_lock_directory_still_shares(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    threads.configure(None, blocker / "workers")  # cannot be created: warned, not fatal
+    assert threads.apply_share() == min(threads.visible_cores(), threads.initial_threads())
+
+
+def test_the_share_never_exceeds_torchs_own_default(tmp_path, monkeypatch):
+    monkeypatch.setattr(threads, "visible_cores", lambda *_: 64)
+    monkeypatch.setattr(threads, "initial_threads", lambda: 2)  # e.g. physical cores
+    threads.configure(None, tmp_path / "workers")
+    assert threads.apply_share() == 2  # a single process: the threads it used before
