@@ -45,14 +45,14 @@ ThreadsOpt = Annotated[
 
 def fair_share(threads: int | None, quiet: bool) -> None:
     """Register this process as an mlrc worker of the host and set torch's threads to
-    ``threads`` or its fair share (again at every fold); prints one line unless ``quiet``."""
-    from mlrc.terminal import console
+    ``threads`` or its fair share (again at every fold). The share is logged at debug level,
+    not printed: a command's output (and its one-line errors) stay as they were."""
+    import logging
+
     from mlrc.train import threads as cpu
 
     cpu.configure(threads)
-    line = cpu.share_line()
-    if not quiet:
-        console.print(line, highlight=False, soft_wrap=True)
+    logging.getLogger("mlrc").debug(cpu.share_line())
 
 
 # --- the Ray backend (mlrc study run, mlrc campaign run) ---------------------------------------
