@@ -76,6 +76,27 @@ def fail_stale_trials(ostudy: optuna.Study) -> None:
         optuna.storages.fail_stale_trials(ostudy)
 
 
+def recover_unbeaten(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
+    """RUNNING trials that never recorded a heartbeat, as interrupted now (and retried when
+    their parameters were all drawn). A claim that died between Optuna's ask and its first
+    heartbeat (SIGKILL, or a lost connection whose retried claim asked again) leaves such a
+    trial, and Optuna never fails a trial without a heartbeat: the pool would wait for it
+    forever. Call under the study's lock, where every live claim has recorded its heartbeat:
+    the next claim recovers it before drawing, at the position the dead claim drew at (as on
+    SQLite, :func:`recover_interrupted`)."""
+    unbeaten = {number for _, number in store.unbeaten_trials(ctx.engine, study_id)}
+    if not unbeaten:
+        return
+    for t in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.number in unbeaten:
+            retry_interrupted(ctx, ostudy, storage, study_id, t)
+            log.warning(
+                "trial %d was claimed by a worker that stopped before its first heartbeat; "
+                "recorded as interrupted",
+                t.number,
+            )
+
+
 def _on_stale(ctx: Context, ostudy: optuna.Study, t: optuna.trial.FrozenTrial, grace: int) -> None:
     """Optuna failed a RUNNING trial whose worker stopped beating: record why, retry it."""
     reason = f"worker lost: no heartbeat for more than {grace} s"

@@ -151,6 +151,21 @@ def optuna_storage(url: str, **heartbeat: Any) -> Any:
     return storage
 
 
+def unbeaten_trials(engine: Engine, optuna_study_id: int) -> list[tuple[int, int]]:
+    """(trial id, number) of the RUNNING trials of Optuna's study ``optuna_study_id`` that have
+    never recorded a heartbeat (read from Optuna's tables, which have no API for it)."""
+    from sqlalchemy import text
+
+    q = text(
+        "SELECT t.trial_id, t.number FROM trials t"
+        " LEFT JOIN trial_heartbeats h ON h.trial_id = t.trial_id"
+        " WHERE t.study_id = :sid AND t.state = 'RUNNING' AND h.trial_id IS NULL"
+        " ORDER BY t.number"
+    )
+    with engine.connect() as c:
+        return [(r[0], r[1]) for r in c.execute(q, {"sid": optuna_study_id})]
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute(f"PRAGMA busy_timeout={int(1000 * sqlite_busy_s())}")  # first: WAL may wait

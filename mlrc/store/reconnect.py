@@ -118,7 +118,21 @@ def _failure(rs: RetryCallState) -> BaseException:
     """The error of the attempt that just failed (only failed attempts are retried)."""
     e = rs.outcome.exception() if rs.outcome is not None else None
     assert isinstance(e, BaseException)
-    return e
+    return _driver_error(e)
+
+
+def _driver_error(e: BaseException) -> BaseException:
+    """``e``, or the database error behind it: Optuna's storage turns every SQLAlchemy error, a
+    lost connection included, into its own ``StorageInternalError`` (raised from it, or from
+    the ``PendingRollbackError`` of a query it tried next on the broken session)."""
+    from sqlalchemy.exc import DBAPIError
+
+    cause: BaseException | None = e
+    for _ in range(4):
+        if cause is None or isinstance(cause, DBAPIError | StoreError):
+            break
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+    return cause if isinstance(cause, DBAPIError) else e
 
 
 def _warn(message: str, subject: str) -> Callable[[RetryCallState], None]:
@@ -185,6 +199,7 @@ def retry(fn: Callable[[], T], engine: Engine, what: str) -> T:
     from sqlalchemy.exc import DBAPIError
 
     def lost(e: BaseException) -> bool:
+        e = _driver_error(e)
         return isinstance(e, DBAPIError) and (e.connection_invalidated or _is_disconnect(e, engine))
 
     def give_up(rs: RetryCallState) -> T:

@@ -25,6 +25,7 @@ from mlrc.search.heartbeat import (
     fail_stale_trials,
     heartbeat_storage,
     recover_interrupted,
+    recover_unbeaten,
     retry_interrupted,
 )
 from mlrc.search.objective import PRUNED, finish_trial, pruning, run_objective
@@ -100,6 +101,7 @@ def _claim(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> _
     allows it (``None``: the search is done, ``"wait"``: all remaining slots are running)."""
     with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
         fail_stale_trials(ostudy)
+        recover_unbeaten(ctx, ostudy, storage, study_id)
         known = ostudy.get_trials(deepcopy=False)
         done = sum(map(counts, known))
         running = sum(t.state == TrialState.RUNNING for t in known)
