@@ -162,3 +162,40 @@ def test_the_share_never_exceeds_torchs_own_default(tmp_path, monkeypatch):
     monkeypatch.setattr(threads, "initial_threads", lambda: 2)  # e.g. physical cores
     threads.configure(None, tmp_path / "workers")
     assert threads.apply_share() == 2  # a single process: the threads it used before
+
+
+def test_a_fold_run_records_its_thread_count(tmp_path, monkeypatch):
+    """The thread count changes torch's sums: each fold run row keeps the one it ran with."""
+    import yaml
+
+    from mlrc import store
+    from mlrc.store import FoldRun
+
+    monkeypatch.setenv("MLRC_CACHE", str(tmp_path / "cache"))
+    doc = {
+        "name": "t",
+        "dataset": {"name": "glyphs"},
+        "loss": {"name": "contrastive"},
+        "search": {"trials": 1},
+        "overrides": {"iterations_per_epoch": 1, "max_epochs": 1},
+    }
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(doc))
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    r = runner.invoke(
+        app,
+        [
+            "study",
+            "run",
+            str(tmp_path / "t.yaml"),
+            "--storage",
+            url,
+            "--artifacts",
+            str(tmp_path / "art"),
+            "--quiet",
+            "--threads",
+            "1",
+        ],  # fmt: skip
+    )
+    assert r.exit_code == 0, r.output
+    with store.session(store.connect(url)) as s:
+        assert [f.threads for f in s.query(FoldRun)] == [1, 1, 1, 1]

@@ -172,6 +172,9 @@ def share(n_workers: int, cores: int) -> int:
 
 
 _initial: list[int] = []
+# A forked child reads its own count (a child that set 1 thread must not take the parent's
+# count back: libgomp's thread pool does not survive fork, a parallel region there hangs).
+os.register_at_fork(after_in_child=_initial.clear)
 
 
 def initial_threads() -> int:
