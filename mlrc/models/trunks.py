@@ -15,6 +15,8 @@ Conventions
   ``$MLRC_CACHE/weights``, default ``~/.cache/mlrc/weights``, sha-256 prefix checked) or a path to
   a local ``.pth`` state dict. Classifier heads in a checkpoint (``last_linear.*``, ``fc.*``) are
   dropped; everything else must match the trunk exactly.
+* ``timm:<model>`` names any timm model (:mod:`mlrc.models.timm_trunk`, a name prefix of
+  :data:`TRUNKS`).
 * BatchNorm is frozen in DML training: call :func:`freeze_batchnorm` after **every**
   ``model.train()``.
 """
@@ -23,9 +25,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -33,7 +35,7 @@ from torchvision.models import ResNet, ResNet50_Weights
 from torchvision.models.resnet import Bottleneck
 
 from mlrc.errors import first_line
-from mlrc.registry import Registry
+from mlrc.registry import Entry, Registry
 
 __all__ = [
     "BN_INCEPTION_HASH",
@@ -47,6 +49,7 @@ __all__ = [
     "ResNet50Trunk",
     "SmallCNN",
     "Trunk",
+    "TrunkRegistry",
     "freeze_batchnorm",
     "load_weights",
     "weights_cache_dir",
@@ -78,7 +81,33 @@ class Trunk(nn.Module):
     input_spec: InputSpec
 
 
-TRUNKS: Registry[Trunk] = Registry("trunk", group="mlrc.trunks")
+class TrunkRegistry(Registry[Trunk]):
+    """The trunk registry, plus name prefixes: ``timm:<model>`` is resolved by the handler
+    registered for ``timm`` (:mod:`mlrc.models.timm_trunk`), not by a fixed entry."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefixes: dict[str, Callable[[str], Entry]] = {}
+
+    def register_prefix(self, prefix: str, resolve: Callable[[str], Entry]) -> None:
+        """Names ``<prefix>:<rest>`` are looked up as ``resolve(rest)``."""
+        self.prefixes[prefix] = resolve
+
+    def info(self, name: str) -> Any:
+        prefix, sep, rest = name.partition(":")
+        if sep and prefix in self.prefixes:
+            return self.prefixes[prefix](rest)
+        return super().info(name)
+
+
+def _timm_entry(model_name: str) -> Entry:
+    from mlrc.models.timm_trunk import timm_entry  # noqa: PLC0415 - imports timm lazily
+
+    return timm_entry(model_name)
+
+
+TRUNKS = TrunkRegistry("trunk", group="mlrc.trunks")
+TRUNKS.register_prefix("timm", _timm_entry)
 
 
 def _copy_spec(spec: InputSpec) -> InputSpec:

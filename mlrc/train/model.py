@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from mlrc.config import Preset
+from mlrc.models.timm_trunk import freeze_layernorm
 from mlrc.models.trunks import TRUNKS, Embedder
 
 
@@ -51,10 +52,23 @@ AMP_DTYPES: dict[str, torch.dtype | None] = {
 def build_model(preset: Preset, *, pretrained: bool | str | None = None) -> Model:
     """The preset's trunk and a fresh embedder (drawn from the current torch RNG);
     ``pretrained`` overrides the preset's trunk weights (``False``: none)."""
-    trunk = TRUNKS.get(preset.trunk)(
-        pretrained=preset.pretrained if pretrained is None else pretrained
-    )
+    trunk = preset_trunk(preset, preset.pretrained if pretrained is None else pretrained)
     return Model(trunk, Embedder(trunk.output_size, preset.embedding_size))
+
+
+def preset_trunk(preset: Preset, pretrained: object) -> torch.nn.Module:
+    """The preset's trunk with ``pretrained`` weights, its ``normalize`` (if set) replacing the
+    trunk's own mean/std, its LayerNorms frozen if the preset says so."""
+    trunk = TRUNKS.get(preset.trunk)(pretrained=pretrained)
+    if preset.normalize is not None:
+        trunk.input_spec = {
+            **trunk.input_spec,
+            "mean": list(preset.normalize.mean),
+            "std": list(preset.normalize.std),
+        }
+    if preset.freeze_layernorm:
+        freeze_layernorm(trunk)
+    return trunk
 
 
 UNTRAINED_SEED = 0  # the random draw of an untrained trunk trained from scratch (baseline row)
@@ -65,7 +79,7 @@ def untrained_trunk(preset: Preset) -> Model:
     not normalised): the reference's "untrained_trunk" (epoch −1). ImageNet weights when the
     preset has ``pretrained``; else randomly initialised from :data:`UNTRAINED_SEED`."""
     torch.manual_seed(UNTRAINED_SEED)
-    trunk = TRUNKS.get(preset.trunk)(pretrained=preset.pretrained)
+    trunk = preset_trunk(preset, preset.pretrained)
     return Model(trunk, torch.nn.Identity()).eval()
 
 

@@ -68,12 +68,17 @@ def build_fold(spec: FoldSpec) -> FoldParts:
         embedding_size=p.embedding_size,
         **spec.loss_params,
     ).to(spec.device)
-    opt = torch.optim.RMSprop(
-        model.parameters(),
-        lr=p.optimizer.lr,
-        weight_decay=p.optimizer.weight_decay,
-        momentum=p.optimizer.momentum,
-    )
+    if p.optimizer.name == "adamw":
+        opt: torch.optim.Optimizer = torch.optim.AdamW(
+            model.parameters(), lr=p.optimizer.lr, weight_decay=p.optimizer.weight_decay
+        )
+    else:
+        opt = torch.optim.RMSprop(
+            model.parameters(),
+            lr=p.optimizer.lr,
+            weight_decay=p.optimizer.weight_decay,
+            momentum=p.optimizer.momentum,
+        )
     miner = miners.build(spec.miner, **spec.miner_params) if spec.miner else None
     strategy = strategies.build(spec.strategy, **spec.strategy_params).to(spec.device)
     loss_opt = _loss_optimizer(spec, loss_fn, info.loss_weight_decay)
