@@ -11,7 +11,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,dashboard]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,dashboard,tracking]'
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -88,6 +88,7 @@ def register(engine: Any, cfg: CampaignConfig, plan: Plan) -> None:
 def _refuse_changed(engine: Any, plan: Plan) -> None:
     """A :class:`~mlrc.search.StudyError` for the first study of ``plan`` stored with another
     configuration."""
+    from mlrc.config import identity
     from mlrc.search import StudyError, first_difference
     from mlrc.store import canonical_json
     from mlrc.store.campaigns import stored_configs
@@ -95,6 +96,8 @@ def _refuse_changed(engine: Any, plan: Plan) -> None:
     stored = stored_configs(engine, [resolved.study.name for _, resolved in plan])
     for _, resolved in plan:
         old, config = stored.get(resolved.study.name), resolved.fingerprint()
+        if old is not None:  # budgets may grow or shrink: compare the rest
+            old, config = identity(old), identity(config)
         if old is not None and canonical_json(old) != canonical_json(config):
             raise StudyError(
                 f"study {resolved.study.name!r} already exists in the store with a "
@@ -256,15 +259,18 @@ def run_campaign(
     quiet: bool = False,
     backend: str = "local",
     ray_options: dict[str, Any] | None = None,
+    track: str | None = None,
 ) -> dict[str, str]:
     """Run (or resume) every study of the campaign file: load and resolve them all, register
     them, then search and test each in turn (``backend`` local or ray, one Ray session for the
     whole campaign), and print the grid and the table of the tested studies. Returns the
-    reason each failed study failed, by name (the others still ran)."""
+    reason each failed study failed, by name (the others still ran). ``track``: ``--track``
+    (instead of the file's ``tracking``)."""
     from mlrc import store
+    from mlrc.search.tracking import with_track
 
     cfg = load_campaign(campaign_file)
-    plan = resolve_campaign(cfg, str(campaign_file))
+    plan = [(c, with_track(r, track)) for c, r in resolve_campaign(cfg, str(campaign_file))]
     engine = store.connect(storage)
     register(engine, cfg, plan)
     ray_options = ray_options or {}

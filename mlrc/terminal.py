@@ -156,6 +156,29 @@ def print_status_by_name(engine, name: str) -> None:
         console.print(
             f"best so far: trial {best.number}, val MAP@R {best.value:.4f}{sem}", soft_wrap=True
         )
+    print_budget(engine, st)
+
+
+def print_budget(engine, st) -> None:
+    """The study's budgets and retention, then its history of changes (oldest first)."""
+    from mlrc.store import history
+
+    rows = history.study_history(engine, st.id)
+    keep = next((h.new for h in reversed(rows) if h.field == "artifacts.keep"), "resume")
+    trials, reps = st.config.get("trials"), st.config.get("reproductions")
+    console.print(
+        f"budget: {trials} trials, {reps} reproductions; checkpoints kept: {keep}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    for h in rows:
+        when = h.time.strftime("%Y-%m-%d %H:%M")
+        console.print(
+            f"  {when}  {h.field} {h.old} → {h.new}  ({h.code_version})",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
 
 
 def reason(t) -> str:

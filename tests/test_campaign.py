@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from mlrc.cli.campaign import campaign_app
 from mlrc.config import ConfigError, default_space
 from mlrc.methods import losses
 from mlrc.search import open_study, run_search
-from mlrc.store import CampaignStudy, FoldRun, Study, TestResult, Trial
+from mlrc.store import CampaignStudy, FoldRun, Study, StudyHistory, TestResult, Trial
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -370,14 +371,35 @@ def test_rerun_resumes_without_training(omniglot_campaign):
 def test_changed_campaign_is_refused_before_anything_runs(omniglot_campaign, tmp_path):
     path, url, art, _, _ = omniglot_campaign
     doc = yaml.safe_load(path.read_text())
-    doc["search"]["trials"] = 2
+    doc["search"]["seed"] = 6  # defines the numbers (a budget may change: see below)
     r = cli("campaign", "run", write(tmp_path, doc), "--storage", url, "--artifacts", art, code=2)
     assert r.output.startswith("error:") and "Traceback" not in r.output
     assert f"study '{NAMES[0]}' already exists in the store with a different configuration" in (
         r.output
     )
-    assert "search.trials: 1 in the store, 2 now" in r.output
+    assert "study.search.seed: 5 in the store, 6 now" in r.output
     assert len(rows(url, Trial)) == 2 and len(rows(url, Study)) == 2
+
+
+def test_a_campaign_with_a_larger_budget_grows_its_studies(omniglot_campaign, tmp_path):
+    path, url0, art0, _, _ = omniglot_campaign
+    src = url0.removeprefix("sqlite:///")
+    for suffix in ("", "-wal", "-shm"):  # a copy of the store: the module's stays as it was
+        if Path(src + suffix).exists():
+            shutil.copy(src + suffix, f"{tmp_path / 'db.sqlite'}{suffix}")
+    url, art = f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path / "art"
+    shutil.copytree(art0, art)
+    before = {(t.study_id, t.number): (t.params, t.value) for t in rows(url, Trial)}
+    doc = yaml.safe_load(path.read_text())
+    doc["search"]["trials"] = 2
+    out = cli("campaign", "run", write(tmp_path, doc), "--storage", url, "--artifacts", art,
+              "--quiet").output  # fmt: skip
+    assert "2 studies: 2 done" in out
+    after = {(t.study_id, t.number): (t.params, t.value) for t in rows(url, Trial)}
+    assert len(after) == 4 and {k: after[k] for k in before} == before  # only the new trials
+    history = sorted((h.study_id, h.field, h.old, h.new) for h in rows(url, StudyHistory))
+    ids = sorted(s.id for s in rows(url, Study))
+    assert history == [(i, "search.trials", "1", "2") for i in ids]
 
 
 # --- failures ----------------------------------------------------------------------------------

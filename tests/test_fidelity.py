@@ -70,6 +70,9 @@ def folds_by_key(url: str) -> dict[tuple, FoldRun]:
 # --- 7. a result belongs to the configuration that produced it ---------------------------------
 
 
+KEEP_ALL = ["--keep", "all"]  # checkpoints stay: what a new store may adopt or must not
+
+
 def test_a_new_store_never_adopts_folds_of_another_preset(tmp_path):
     """max_epochs 1 on store A, then the same file with max_epochs 2 on a new store B with the
     same artifacts folder: every fold is trained again (2 trained epochs in its history)."""
@@ -77,10 +80,10 @@ def test_a_new_store_never_adopts_folds_of_another_preset(tmp_path):
     (tmp_path / "1").mkdir(), (tmp_path / "2").mkdir()
     one = study_file(tmp_path / "1")
     url_a = f"sqlite:///{tmp_path / 'a.db'}"
-    cli("study", "run", one, "--storage", url_a, "--artifacts", art, "--quiet")
+    cli("study", "run", one, "--storage", url_a, "--artifacts", art, "--quiet", *KEEP_ALL)
     two = study_file(tmp_path / "2", over={"max_epochs": 2})
     url_b = f"sqlite:///{tmp_path / 'b.db'}"
-    cli("study", "run", two, "--storage", url_b, "--artifacts", art, "--quiet")
+    cli("study", "run", two, "--storage", url_b, "--artifacts", art, "--quiet", *KEEP_ALL)
     a, b = folds_by_key(url_a), folds_by_key(url_b)
     assert a.keys() == b.keys() and len(a) == 4
     for key in a:
@@ -93,11 +96,13 @@ def test_a_new_store_never_adopts_folds_of_another_preset(tmp_path):
 
 
 def test_an_unchanged_study_on_a_new_store_reuses_its_folds_with_their_provenance(tmp_path):
+    """Store A's finished folds are adopted from their ``last.pt`` by a new store C with the
+    same artifacts folder (A keeps its checkpoints: ``--keep all``)."""
     art = tmp_path / "art"
     path = study_file(tmp_path)
     url_a, url_c = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'c.db'}"
-    cli("study", "run", path, "--storage", url_a, "--artifacts", art, "--quiet")
-    cli("study", "run", path, "--storage", url_c, "--artifacts", art, "--quiet")
+    cli("study", "run", path, "--storage", url_a, "--artifacts", art, "--quiet", *KEEP_ALL)
+    cli("study", "run", path, "--storage", url_c, "--artifacts", art, "--quiet", *KEEP_ALL)
     a, c = folds_by_key(url_a), folds_by_key(url_c)
     assert a.keys() == c.keys()
     for key in a:  # adopted from last.pt: same numbers, same wall time, same provenance

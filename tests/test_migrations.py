@@ -208,12 +208,25 @@ def test_a_new_store_is_at_head(tmp_path):
     assert store.upgrade(url) == (migrate.HEAD, migrate.HEAD)
 
 
-def test_a_legacy_store_at_head_opens_read_only(tmp_path):
-    """Stamping is bookkeeping: a schema-3 store on read-only media opens and reads."""
+def test_a_store_at_head_opens_read_only(tmp_path):
+    """A store at this mlrc's revision on read-only media opens and reads (nothing to write)."""
+    path, url = legacy_copy(tmp_path, 3)
+    store.connect(url).dispose()  # upgraded to head once, writable
+    want = reference(LEGACY[3])["mlrc_trial"]
+    ro = f"sqlite:///file:{path}?mode=ro&uri=true"
+    assert through_mlrc(ro, store.Trial, list(want[0])) == want
+
+
+def test_a_legacy_store_behind_head_on_read_only_media_says_to_upgrade_it(tmp_path):
     path, _ = legacy_copy(tmp_path, 3)
     url = f"sqlite:///file:{path}?mode=ro&uri=true"
-    want = reference(LEGACY[3])["mlrc_trial"]
-    assert through_mlrc(url, store.Trial, list(want[0])) == want
+    with pytest.raises(store.StoreError) as e:
+        store.connect(url)
+    assert str(e.value) == (
+        f"{url}: attempt to write a readonly database (the store is at schema revision "
+        f"schema_3 and this mlrc needs {migrate.HEAD}: upgrade it once where it is writable, "
+        "`mlrc store upgrade`)"
+    )
     assert migrate.VERSION_TABLE not in tables(path)
 
 
@@ -292,10 +305,11 @@ def test_a_store_of_a_newer_revision_is_refused_in_one_line(tmp_path):
 
 def test_a_store_of_a_newer_schema_version_is_refused_in_one_line(tmp_path):
     path, url = legacy_copy(tmp_path, 3)
+    newer = store.SCHEMA_VERSION + 1
     with sqlite3.connect(path) as c:
-        c.execute("UPDATE mlrc_meta SET value = '4' WHERE key = 'schema_version'")
+        c.execute(f"UPDATE mlrc_meta SET value = '{newer}' WHERE key = 'schema_version'")
     expected = (
-        f"error: {url}: written by mlrc schema version 4, this mlrc reads version "
+        f"error: {url}: written by mlrc schema version {newer}, this mlrc reads version "
         f"{store.SCHEMA_VERSION}"
     )
     for command in ("upgrade", "current"):
@@ -331,10 +345,12 @@ def test_workers_opening_a_legacy_postgresql_store_at_once_upgrade_it_once(fresh
         assert p.returncode == 0, err
     with engine.begin() as c:
         assert c.execute(text(f"SELECT * FROM {migrate.VERSION_TABLE}")).all() == [(migrate.HEAD,)]
-        assert c.execute(text("SELECT value FROM mlrc_meta")).all() == [("3",)]
+        assert c.execute(text("SELECT value FROM mlrc_meta")).all() == [
+            (str(store.SCHEMA_VERSION),)
+        ]
         assert c.execute(text("SELECT * FROM alembic_version")).all() == optuna_version
         columns = {col["name"] for col in inspect(c).get_columns("mlrc_fold_run")}
-        assert {"objective", "code_version"} <= columns
-        assert inspect(c).has_table("mlrc_baseline")
+        assert {"objective", "code_version", "threads"} <= columns
+        assert inspect(c).has_table("mlrc_baseline") and inspect(c).has_table("mlrc_study_history")
     engine.dispose()
     assert store.current(url) == migrate.HEAD

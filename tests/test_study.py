@@ -72,8 +72,9 @@ def finished_study(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("study")
     path = study_file(tmp)
     url, art = f"sqlite:///{tmp / 'db.sqlite'}", tmp / "art"
-    cli("study", "run", str(path), "--storage", url, "--artifacts", str(art), "--quiet")
-    cli("study", "test", str(path), "--storage", url, "--artifacts", str(art), "--quiet")
+    opts = ["--storage", url, "--artifacts", str(art), "--quiet", "--keep", "best"]  # models read
+    cli("study", "run", str(path), *opts)
+    cli("study", "test", str(path), *opts)
     return path, url, art
 
 

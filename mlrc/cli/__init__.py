@@ -181,7 +181,9 @@ def _add_subapps() -> None:
     from mlrc.cli.dashboard import dashboard_app
     from mlrc.cli.data import data_app
     from mlrc.cli.demo import demo
+    from mlrc.cli.gc import gc
     from mlrc.cli.report import report
+    from mlrc.cli.slurm import slurm_app
     from mlrc.cli.store import store_app
     from mlrc.cli.study import study_app
     from mlrc.cli.worker import worker
@@ -189,11 +191,13 @@ def _add_subapps() -> None:
     app.command()(worker)
     app.command()(report)
     app.command()(demo)
+    app.command()(gc)
     app.add_typer(data_app, name="data")
     app.add_typer(study_app, name="study")
     app.add_typer(campaign_app, name="campaign")
     app.add_typer(dashboard_app, name="dashboard")
     app.add_typer(store_app, name="store")
+    app.add_typer(slurm_app, name="slurm")
 
 
 _add_subapps()

@@ -20,6 +20,8 @@ from mlrc.cli.options import (
     QuietOpt,
     StorageOpt,
     ThreadsOpt,
+    TrackOpt,
+    check_track,
     fair_share,
 )
 from mlrc.terminal import check_artifacts, check_device, fail, user_errors
@@ -45,6 +47,7 @@ def campaign_run(
     max_concurrent: MaxConcurrentOpt = 1,
     cpus_per_trial: CpusPerTrialOpt = 1.0,
     gpus_per_trial: GpusPerTrialOpt = 0.0,
+    track: TrackOpt = None,
 ) -> None:
     """Run (or resume) every study of the campaign: search, then test stage, one after another.
     Exit 1 if a study failed (the others still run)."""
@@ -55,6 +58,7 @@ def campaign_run(
     if backend == "local" or address is None:  # a remote Ray cluster's GPUs are not ours to see
         check_device(device)
     check_artifacts(artifacts)
+    check_track(track)
     if backend == "local":  # Ray sets its tasks' threads itself
         fair_share(threads, quiet)
     ray_options = {
@@ -65,7 +69,7 @@ def campaign_run(
     }
     with user_errors():
         failures = run_campaign(
-            campaign_file, storage, artifacts, device, quiet, backend, ray_options
+            campaign_file, storage, artifacts, device, quiet, backend, ray_options, track
         )
     if failures:
         raise typer.Exit(1)

@@ -16,9 +16,14 @@ __all__ = [
     "DeviceOpt",
     "GpusPerTrialOpt",
     "MaxConcurrentOpt",
+    "KeepOpt",
     "QuietOpt",
+    "ReproductionsOpt",
     "StorageOpt",
     "ThreadsOpt",
+    "TrackOpt",
+    "check_track",
+    "TrialsOpt",
     "fair_share",
 ]
 
@@ -31,6 +36,53 @@ StorageOpt = Annotated[
 ArtifactsOpt = Annotated[Path, typer.Option("--artifacts", help="checkpoint directory")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress bars")]
+TrialsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--trials",
+        help="the search's budget of finished trials (raise it to grow a study; recorded in "
+        "its history)",
+    ),
+]
+ReproductionsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--reproductions",
+        help="reproductions of the test stage (raise it to add some; recorded in the history)",
+    ),
+]
+KeepOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--keep",
+        envvar="MLRC_KEEP",
+        help="checkpoints kept once a fold's result is stored: resume (none; default), best "
+        "(the test reproductions' and the best trial's best.pt) or all",
+    ),
+]
+TrackOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--track",
+        envvar="MLRC_TRACK",
+        help="also log trials and test reproductions to mlflow:URI or wandb:PROJECT (instead "
+        "of the study file's tracking; none: no tracking)",
+    ),
+]
+
+
+def check_track(track: str | None) -> None:
+    """``--track`` as given, or one line ``error: --track: …`` (unknown form, package missing)."""
+    from mlrc.search.tracking import TrackingError, check_available, parse_track
+    from mlrc.terminal import fail
+
+    if track is not None:
+        try:
+            check_available(parse_track(track), "--track")
+        except TrackingError as e:
+            fail(str(e))
+
+
 ThreadsOpt = Annotated[
     int | None,
     typer.Option(

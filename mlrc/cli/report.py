@@ -20,7 +20,7 @@ def report(
         typer.Option("--campaign", help="campaign name (repeat): its studies in campaign order"),
     ] = None,
     study: Annotated[list[str] | None, typer.Option("--study", help="study name (repeat)")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="md, csv, latex or html")] = "md",
+    fmt: Annotated[str, typer.Option("--format", help="md, csv, latex, html or json")] = "md",
     out: Annotated[Path | None, typer.Option("--out", help="write to this file")] = None,
     standalone: Annotated[
         bool, typer.Option("--standalone", help="LaTeX: a complete document for pdflatex")

@@ -17,10 +17,15 @@ from mlrc.cli.options import (
     CpusPerTrialOpt,
     DeviceOpt,
     GpusPerTrialOpt,
+    KeepOpt,
     MaxConcurrentOpt,
     QuietOpt,
+    ReproductionsOpt,
     StorageOpt,
     ThreadsOpt,
+    TrackOpt,
+    TrialsOpt,
+    check_track,
     fair_share,
 )
 from mlrc.terminal import (
@@ -36,7 +41,15 @@ from mlrc.terminal import (
 if TYPE_CHECKING:
     from mlrc.search import Context
 
-__all__ = ["open_study_file", "study_app", "study_run", "study_status", "study_test"]
+__all__ = [
+    "open_study_file",
+    "study_app",
+    "study_export",
+    "study_export_model",
+    "study_run",
+    "study_status",
+    "study_test",
+]
 
 study_app = typer.Typer(no_args_is_help=True, help="Studies: run the search, test, status.")
 
@@ -48,14 +61,32 @@ def open_study_file(
     device: str,
     quiet: bool,
     force_new: bool = False,
+    trials: int | None = None,
+    reproductions: int | None = None,
+    keep: str | None = None,
+    stage: str = "search",
+    track: str | None = None,
 ):
-    """Load the study file and open its study (a context manager yielding the study's
-    :class:`~mlrc.search.Context`)."""
-    from mlrc.config import load_study
+    """Load the study file, with the budgets and retention given on the command line, and open
+    its study (a context manager yielding the study's :class:`~mlrc.search.Context`) for the
+    ``stage`` ("search" or "test") whose budget it records when changed."""
+    from mlrc.config import load_study, with_changes
     from mlrc.search import open_study
+    from mlrc.search.tracking import with_track
 
+    resolved = with_changes(
+        load_study(study_file), trials=trials, reproductions=reproductions, keep=keep
+    )
+    resolved = with_track(resolved, track)  # --track: instead of the file's tracking
+    used = ("search.trials",) if stage == "search" else ("test.reproductions",)
     return open_study(
-        load_study(study_file), storage, artifacts, device, progress=not quiet, force_new=force_new
+        resolved,
+        storage,
+        artifacts,
+        device,
+        progress=not quiet,
+        force_new=force_new,
+        budgets_used=used,
     )
 
 
@@ -84,6 +115,9 @@ def study_run(
             "--force-new", help="a stored study of this name with another config: archive, rerun"
         ),
     ] = False,
+    trials: TrialsOpt = None,
+    keep: KeepOpt = None,
+    track: TrackOpt = None,
 ) -> None:
     """Run (or resume) the Bayesian search: trials × 4 folds, objective = mean val MAP@R."""
     from mlrc.search import run_search
@@ -95,12 +129,23 @@ def study_run(
     if backend == "local" or address is None:  # a remote Ray cluster's GPUs are not ours to see
         check_device(device)
     check_artifacts(artifacts)
+    check_track(track)
     if backend == "local":  # Ray sets its tasks' threads itself
         fair_share(threads, quiet)
     with (
         interrupts(),
         user_errors(),
-        open_study_file(study_file, storage, artifacts, device, quiet, force_new) as ctx,
+        open_study_file(
+            study_file,
+            storage,
+            artifacts,
+            device,
+            quiet,
+            force_new,
+            trials=trials,
+            keep=keep,
+            track=track,
+        ) as ctx,
     ):
         if backend == "ray":
             _search_on_ray(
@@ -139,17 +184,31 @@ def study_test(
     device: DeviceOpt = "cpu",
     quiet: QuietOpt = False,
     threads: ThreadsOpt = None,
+    reproductions: ReproductionsOpt = None,
+    keep: KeepOpt = None,
+    track: TrackOpt = None,
 ) -> None:
     """Retrain the best parameters N times × 4 folds and test on the unseen classes."""
     from mlrc.search import run_test
 
     check_device(device)
     check_artifacts(artifacts)
+    check_track(track)
     fair_share(threads, quiet)
     with (
         interrupts(),
         user_errors(),
-        open_study_file(study_file, storage, artifacts, device, quiet) as ctx,
+        open_study_file(
+            study_file,
+            storage,
+            artifacts,
+            device,
+            quiet,
+            reproductions=reproductions,
+            keep=keep,
+            stage="test",
+            track=track,
+        ) as ctx,
     ):
         for problem in run_test(ctx):
             console.print(f"[yellow]failed:[/yellow] {problem}", soft_wrap=True)
@@ -169,3 +228,87 @@ def study_status(
         name = load_study(study).study.name if study.endswith((".yaml", ".yml")) else study
         engine = store.connect(storage, read_only=True)
         print_status_by_name(engine, name)
+
+
+@study_app.command("export-model")
+def study_export_model(
+    study: Annotated[str, typer.Argument(help="study YAML or study name")],
+    out: Annotated[Path, typer.Option("--out", help="file to write (.pt or .pt2)")],
+    storage: StorageOpt = DEFAULT_STORAGE,
+    artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
+    dim: Annotated[
+        str,
+        typer.Option(
+            "--dim",
+            help="512: the four fold models concatenated (MLRC's headline); 128: the best fold",
+        ),
+    ] = "512",
+    reproduction: Annotated[
+        int | None, typer.Option("--reproduction", help="this reproduction (default: the best)")
+    ] = None,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="state-dict (.pt, load with mlrc.train.load_exported) or export "
+            "(.pt2, torch.export: torch alone loads it)",
+        ),
+    ] = "state-dict",
+) -> None:
+    """Write the best test reproduction's model (L2-normalised 512-D or 128-D embeddings) for
+    use outside mlrc; needs the checkpoints kept (artifacts.keep: best)."""
+    from mlrc import store
+    from mlrc.config import load_study
+    from mlrc.search.export import export_study_model
+
+    if dim not in ("128", "512"):
+        fail(f"--dim: expected 128 or 512 (got {dim!r})")
+    if fmt not in ("state-dict", "export"):
+        fail(f"--format: expected state-dict or export (got {fmt!r})")
+    with user_errors():
+        name = load_study(study).study.name if study.endswith((".yaml", ".yml")) else study
+        engine = store.connect(storage, read_only=True)
+        meta = export_study_model(engine, name, artifacts, out, dim, reproduction, fmt)
+    fold = f", fold {meta['fold']}" if meta["fold"] is not None else ""
+    console.print(
+        f"wrote {out}: study {name}, reproduction {meta['reproduction']}{fold}, {dim}-D, "
+        f"test MAP@R {meta['test_map_at_r']:.4f} ({meta['mode']})",
+        soft_wrap=True,
+        highlight=False,
+    )
+
+
+@study_app.command("export")
+def study_export(
+    study: Annotated[str, typer.Argument(help="study YAML or study name")],
+    out: Annotated[Path, typer.Option("--out", help="study YAML to write")],
+    storage: StorageOpt = DEFAULT_STORAGE,
+    name: Annotated[
+        str | None, typer.Option("--name", help="the exported study's name (NAME-exported)")
+    ] = None,
+) -> None:
+    """Write a study file with the best parameters fixed and the full resolved preset: `mlrc
+    study test OUT` re-runs its test stage (same seeds, same numbers) anywhere."""
+    import datetime as dt
+
+    import yaml
+
+    from mlrc import store
+    from mlrc.config import load_study
+    from mlrc.search.context import code_version
+    from mlrc.search.export import export_study_file
+
+    with user_errors():
+        source = load_study(study).study.name if study.endswith((".yaml", ".yml")) else study
+        engine = store.connect(storage, read_only=True)
+        doc = export_study_file(engine, source, name)
+    head = (
+        f"# exported from study {source} ({store.redact(storage)}) by mlrc {code_version()} on "
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC: its best parameters, fixed, and its\n"
+        "# whole resolved preset; `mlrc study test` on this file re-runs the test stage.\n"
+    )
+    try:
+        out.write_text(head + yaml.safe_dump(doc, sort_keys=False))
+    except OSError as e:
+        fail(f"--out {out}: {e.strerror}")
+    console.print(f"wrote {out} (study {doc['name']})", soft_wrap=True, highlight=False)

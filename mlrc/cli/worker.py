@@ -9,7 +9,17 @@ from typing import Annotated
 import typer
 
 from mlrc.cli.interrupts import interrupts
-from mlrc.cli.options import DEFAULT_ARTIFACTS, DEFAULT_STORAGE, QuietOpt, ThreadsOpt, fair_share
+from mlrc.cli.options import (
+    DEFAULT_ARTIFACTS,
+    DEFAULT_STORAGE,
+    KeepOpt,
+    QuietOpt,
+    ThreadsOpt,
+    TrackOpt,
+    TrialsOpt,
+    check_track,
+    fair_share,
+)
 from mlrc.cli.study import open_study_file
 from mlrc.terminal import (
     check_artifacts,
@@ -48,6 +58,9 @@ def worker(
     ] = 1,
     quiet: QuietOpt = False,
     threads: ThreadsOpt = None,
+    trials: TrialsOpt = None,
+    keep: KeepOpt = None,
+    track: TrackOpt = None,
 ) -> None:
     """One worker of a pool: run trials of the study until its budget of finished trials is
     reached by the whole pool, then exit 0. Start any number, on any machines, against one
@@ -62,10 +75,14 @@ def worker(
         fail("--heartbeat must be ≥ 1 s and --grace longer than --heartbeat")
     check_device(device)
     check_artifacts(artifacts)
+    check_track(track)
     if per_gpu > 1:
+        if track is not None:  # by environment, like the storage URL: it may hold a secret
+            os.environ["MLRC_TRACK"] = track
         args = [str(study_file), "--artifacts", str(artifacts), "--device", device]
         args += ["--heartbeat", str(heartbeat)] + (["--grace", str(grace)] if grace else [])
         args += ["--threads", str(threads)] if threads else []  # else each takes its share
+        args += (["--trials", str(trials)] if trials else []) + (["--keep", keep] if keep else [])
         raise typer.Exit(packed_workers(per_gpu, args + (["--quiet"] if quiet else []), storage))
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker {os.getpid()} %(levelname)s %(message)s"
@@ -74,7 +91,9 @@ def worker(
     with (
         interrupts(),
         user_errors(),
-        open_study_file(study_file, storage, artifacts, device, quiet) as ctx,
+        open_study_file(
+            study_file, storage, artifacts, device, quiet, trials=trials, keep=keep, track=track
+        ) as ctx,
     ):
         from mlrc.store import redact
 

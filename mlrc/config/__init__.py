@@ -26,7 +26,9 @@ from mlrc.config.load import (
 )
 from mlrc.config.presets import PRESETS_DIR, load_preset
 from mlrc.config.schema import (
+    KEEP_POLICIES,
     LOSS_LR,
+    ArtifactsSpec,
     BatchSpec,
     DatasetRef,
     ImageSpec,
@@ -44,9 +46,21 @@ from mlrc.config.schema import (
     TestSpec,
 )
 from mlrc.config.spaces import PER_DATASET, SPACES_DIR, WITH_MINER, default_space
-from mlrc.config.study import RUNTIME_ONLY, ResolvedStudy, load_study, resolve
+from mlrc.config.study import (
+    BUDGETS,
+    RUNTIME_ONLY,
+    ResolvedStudy,
+    budgets,
+    copy_budgets,
+    identity,
+    load_study,
+    resolve,
+    with_changes,
+)
 
 __all__ = [
+    "BUDGETS",
+    "KEEP_POLICIES",
     "LOSS_LR",
     "LOSS_LR_TYPE",
     "PER_DATASET",
@@ -54,6 +68,7 @@ __all__ = [
     "RUNTIME_ONLY",
     "SPACES_DIR",
     "WITH_MINER",
+    "ArtifactsSpec",
     "BatchSpec",
     "ConfigError",
     "DatasetRef",
@@ -71,9 +86,12 @@ __all__ = [
     "Strict",
     "StudyConfig",
     "TestSpec",
+    "budgets",
+    "copy_budgets",
     "default_space",
     "did_you_mean",
     "format_error",
+    "identity",
     "load_preset",
     "load_study",
     "load_yaml",
@@ -81,4 +99,5 @@ __all__ = [
     "resolve",
     "resource_dir",
     "validate_model",
+    "with_changes",
 ]

@@ -32,6 +32,7 @@ from mlrc.config import (
     not_a_mapping,
     resolve,
 )
+from mlrc.config.schema import TrackingSpec
 
 __all__ = [
     "NAME_PATTERN",
@@ -95,6 +96,7 @@ class CampaignConfig(Strict):
     sampler: SamplerRef = SamplerRef()
     search: SearchSpec = SearchSpec()
     test: TestSpec = TestSpec()
+    tracking: TrackingSpec | None = None  # passed to every study; not in their fingerprints
     overrides: dict[str, Any] = {}
 
     @field_validator("datasets", "losses", "strategies", mode="before")
@@ -214,6 +216,7 @@ def _cell_study(
             "sampler": cfg.sampler.model_dump(by_alias=True),
             "search": {**cfg.search.model_dump(by_alias=True), "enqueue": loss.enqueue},
             "test": cfg.test.model_dump(by_alias=True),
+            "tracking": cfg.tracking.model_dump() if cfg.tracking is not None else None,
             "overrides": cfg.overrides,
         }
     )

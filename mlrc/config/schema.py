@@ -11,7 +11,14 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 LOSS_LR = "loss_lr"  # search/param name of the loss optimiser's learning rate
 
@@ -73,10 +80,11 @@ class ParamSpace(Strict):
 
 
 class ImageSpec(Strict):
-    """Image preprocessing: resize, then a random resized crop (``scale``, ``ratio``) and flip."""
+    """Image preprocessing: resize, then a random resized crop (``scale``, ``ratio``) and flip.
+    ``resize``/``crop`` may be left out for a ``timm:`` trunk: its own input size is used."""
 
-    resize: int = Field(gt=0)
-    crop: int = Field(gt=0)
+    resize: int | None = Field(None, gt=0)
+    crop: int | None = Field(None, gt=0)
     scale: tuple[float, float] = (0.16, 1.0)
     ratio: tuple[float, float] = (0.75, 1.33)
     flip: bool = True
@@ -90,11 +98,50 @@ class BatchSpec(Strict):
 
 
 class OptimizerSpec(Strict):
-    """The trunk and embedder optimiser (fixed, not searched)."""
+    """The trunk and embedder optimiser (fixed, not searched): RMSprop (the reference's) or
+    AdamW (torch's defaults but ``lr`` and ``weight_decay``; it takes no ``momentum``)."""
 
+    name: Literal["rmsprop", "adamw"] = "rmsprop"
     lr: float = Field(gt=0)
     weight_decay: float = Field(0.0, ge=0)
     momentum: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _momentum_is_rmsprop(self) -> OptimizerSpec:
+        if self.name == "adamw" and self.momentum:
+            raise ValueError("momentum is an RMSprop setting; AdamW takes none (remove it)")
+        return self
+
+
+class PretrainedSpec(Strict):
+    """``pretrained: {file: path, sha256: hex}`` or ``{url: ..., sha256: hex}`` (timm trunks):
+    a weights file checked by its SHA-256 (or a prefix of at least 8 hex digits)."""
+
+    file: str | None = None
+    url: str | None = None
+    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{8,64}$")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PretrainedSpec:
+        if (self.file is None) == (self.url is None):
+            raise ValueError("give either file or url")
+        if self.url is not None and self.sha256 is None:
+            raise ValueError("a url needs its sha256")
+        return self
+
+
+class NormalizeSpec(Strict):
+    """Per-channel ``mean``/``std`` replacing the trunk's own, in its pixel range and order."""
+
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    @field_validator("std")
+    @classmethod
+    def _positive(cls, std: tuple[float, float, float]) -> tuple[float, float, float]:
+        if min(std) <= 0:
+            raise ValueError("std must be > 0")
+        return std
 
 
 class LossOptimizerSpec(Strict):
@@ -138,10 +185,12 @@ class Preset(Strict):
     """Every number of the protocol (DESIGN.md §1). Per-dataset keys fall back to ``default``."""
 
     trunk: str
-    pretrained: bool | str = False
+    pretrained: bool | str | PretrainedSpec = False
     freeze_batchnorm: bool = True
+    freeze_layernorm: bool = False  # LayerNorm weights not trained (ViT, ConvNeXt trunks)
     embedding_size: int = Field(128, gt=0)
     image: ImageSpec
+    normalize: NormalizeSpec | None = None  # None: the trunk's own mean/std
     batch: BatchSpec = BatchSpec()
     optimizer: OptimizerSpec
     loss_optimizer: LossOptimizerSpec
@@ -164,11 +213,55 @@ class Preset(Strict):
     search: SearchSpec = SearchSpec(trials=50, sampler="gp")
     test: TestSpec = TestSpec(reproductions=10)
 
+    @field_validator("pretrained", mode="before")
+    @classmethod
+    def _pretrained_mapping(cls, value: Any) -> Any:
+        """A mapping is a :class:`PretrainedSpec`; its first problem as one plain message."""
+        if not isinstance(value, dict):
+            return value
+        try:
+            return PretrainedSpec.model_validate(value)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            raise ValueError(f"{where}: {msg}" if where else msg) from None
+
     @model_validator(mode="after")
     def _defaults(self) -> Preset:
         for key in ("validate_every", "patience"):
             if "default" not in getattr(self, key):
                 raise ValueError(f"{key} needs a 'default' entry")
+        timm_name = self.trunk.removeprefix("timm:") if self.trunk.startswith("timm:") else None
+        if timm_name is None:
+            if self.image.resize is None or self.image.crop is None:
+                raise ValueError(
+                    f"image: resize and crop are required for trunk {self.trunk!r} "
+                    "(only timm: trunks bring an input size of their own)"
+                )
+            if isinstance(self.pretrained, PretrainedSpec):
+                raise ValueError(
+                    f"pretrained: {{file|url, sha256}} is for timm: trunks; trunk {self.trunk!r} "
+                    "takes true, false or a path"
+                )
+        else:
+            from mlrc.models.timm_trunk import timm_defaults  # noqa: PLC0415 - imports timm
+
+            try:  # checks the name too, with suggestions
+                own = timm_defaults(timm_name)
+            except KeyError as e:  # RegistryError: an unknown model or pretrained tag
+                raise ValueError(f"trunk: {e}") from None
+            self.image = self.image.model_copy(
+                update={
+                    "crop": self.image.crop or own["crop"],
+                    "resize": self.image.resize or own["resize"],
+                }
+            )
+            if own["fixed"] and self.image.crop != own["crop"]:
+                raise ValueError(
+                    f"image: crop: timm model {timm_name!r} takes {own['crop']} px inputs only "
+                    f"(got {self.image.crop}; leave crop out to use the model's)"
+                )
         return self
 
     def per_dataset(self, key: Literal["validate_every", "patience"], dataset: str) -> int:
@@ -222,6 +315,28 @@ class StrategyRef(Strict):
     search: dict[str, ParamSpace] | None = None  # None → studies/spaces/strategies/<name>.yaml
 
 
+KEEP_POLICIES = ("resume", "best", "all")
+
+
+class ArtifactsSpec(Strict):
+    """``artifacts:`` of a study: which fold checkpoints stay on disk once their results are
+    stored. ``resume`` (default): none — a fold holds ``last.pt`` while it runs; ``best``: the
+    ``best.pt`` of the test reproductions and of the best trial's folds; ``all``: every
+    ``best.pt`` and ``last.pt``. Not part of the study's identity (the numbers do not depend
+    on it)."""
+
+    keep: Literal["resume", "best", "all"] | None = None
+
+
+class TrackingSpec(Strict):
+    """``tracking:`` of a study or campaign: where its trials and test reproductions are also
+    logged (``mlflow``: a tracking URI, ``wandb``: a project; see mlrc.search.tracking). Not
+    part of the study's identity."""
+
+    mlflow: str | None = Field(None, min_length=1)
+    wandb: str | None = Field(None, min_length=1)
+
+
 class SamplerRef(Strict):
     """``sampler:`` of a study: how batches are drawn (m images per class by default)."""
 
@@ -241,4 +356,6 @@ class StudyConfig(Strict):
     sampler: SamplerRef = SamplerRef()
     search: SearchSpec = SearchSpec()
     test: TestSpec = TestSpec()
+    artifacts: ArtifactsSpec = ArtifactsSpec()
+    tracking: TrackingSpec | None = None  # experiment tracking; not in the fingerprint
     overrides: dict[str, Any] = {}

@@ -3,6 +3,8 @@ complete. :func:`load_study` reads a file; :func:`resolve` does the rest, in nam
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +21,15 @@ from mlrc.config.checks import (
 from mlrc.config.load import ConfigError, did_you_mean, load_yaml, validate_model
 from mlrc.config.plugins import resolve_miner, resolve_strategy
 from mlrc.config.presets import load_preset
-from mlrc.config.schema import LOSS_LR, DatasetRef, ParamSpace, Preset, Strict, StudyConfig
+from mlrc.config.schema import (
+    KEEP_POLICIES,
+    LOSS_LR,
+    DatasetRef,
+    ParamSpace,
+    Preset,
+    Strict,
+    StudyConfig,
+)
 from mlrc.config.spaces import default_space
 from mlrc.params import ParamType
 
@@ -36,14 +46,19 @@ class ResolvedStudy(Strict):
     reproductions: int
     pruner: Literal["none", "median"] = "none"
     prune_startup: int = 5
+    keep: Literal["resume", "best", "all"] = "resume"  # checkpoint retention (artifacts.keep)
     source: str = ""
 
     def fingerprint(self) -> dict[str, Any]:
-        """JSON-able content that defines the study (used to detect a changed study file).
+        """JSON-able content that defines the study (used to detect a changed study file), with
+        its budgets (compare two with :func:`identity`, which leaves those out).
 
         Fields added after a store was written are left out while at their default, so a study
-        started by an earlier mlrc version still matches its unchanged file."""
-        out = self.model_dump(mode="json", exclude={"source"}, by_alias=True)
+        started by an earlier mlrc version still matches its unchanged file; checkpoint
+        retention is left out always (it does not change a number)."""
+        out = self.model_dump(mode="json", exclude={"source", "keep"}, by_alias=True)
+        out["study"].pop("artifacts", None)
+        out["study"].pop("tracking", None)  # where runs are logged, not what they compute
         for key in RUNTIME_ONLY:  # how fast, not what is computed: may change on resume
             out["preset"].pop(key, None)
         for path, default in _LATER_FIELDS.items():
@@ -80,7 +95,92 @@ _LATER_FIELDS: dict[tuple[str, ...], Any] = {
     },
     ("pruner",): "none",
     ("prune_startup",): 5,
+    # timm trunks and the modern preset
+    ("preset", "freeze_layernorm"): False,
+    ("preset", "normalize"): None,
+    ("preset", "optimizer", "name"): "rmsprop",
 }
+
+
+# Where a fingerprint holds the budgets, by the field a user changes (the study file's
+# ``search.trials``, ``test.reproductions``): the resolved value first, then the file's and the
+# preset's. Budgets add work, they do not change a number: a study may grow or shrink.
+BUDGETS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "search.trials": (("trials",), ("study", "search", "trials"), ("preset", "search", "trials")),
+    "test.reproductions": (
+        ("reproductions",),
+        ("study", "test", "reproductions"),
+        ("preset", "test", "reproductions"),
+    ),
+}
+
+
+def identity(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprint without its budgets: two studies with equal identities compute the same
+    numbers for the same work, whatever their numbers of trials and reproductions."""
+    out = copy.deepcopy(fingerprint)
+    for paths in BUDGETS.values():
+        for *parents, key in paths:
+            node = out
+            for p in parents:
+                node = node.get(p) or {}
+            node.pop(key, None)
+    return out
+
+
+def copy_budgets(
+    target: dict[str, Any], source: dict[str, Any], fields: Iterable[str]
+) -> dict[str, Any]:
+    """``target`` (a fingerprint) with the budgets ``fields`` as in ``source``."""
+    out = copy.deepcopy(target)
+    for field in fields:
+        for *parents, key in BUDGETS[field]:
+            src, dst = source, out
+            for p in parents:
+                src, dst = src.get(p) or {}, dst.setdefault(p, {})
+            if key in src:
+                dst[key] = src[key]
+            else:
+                dst.pop(key, None)
+    return out
+
+
+def budgets(fingerprint: dict[str, Any]) -> dict[str, int | None]:
+    """``{"search.trials": N, "test.reproductions": M}``: the resolved budgets of a fingerprint."""
+    return {field: fingerprint.get(paths[0][0]) for field, paths in BUDGETS.items()}
+
+
+def with_changes(
+    resolved: ResolvedStudy,
+    *,
+    trials: int | None = None,
+    reproductions: int | None = None,
+    keep: str | None = None,
+) -> ResolvedStudy:
+    """``resolved`` with the budgets or the retention given on the command line (``--trials``,
+    ``--reproductions``, ``--keep``; None: as in the file), checked as the file's would be."""
+    src = f"{resolved.source or 'study'}"
+    if trials is not None and trials < 1:
+        raise ConfigError(f"--trials: must be ≥ 1 (got {trials})")
+    if trials is not None and trials > 1 and not resolved.space:
+        raise ConfigError(
+            f"{src}: --trials {trials} but the search space is empty (nothing to search)"
+        )
+    if reproductions is not None and reproductions < 2:
+        raise ConfigError(
+            f"--reproductions: must be ≥ 2 (a confidence interval needs 2; got {reproductions})"
+        )
+    if keep is not None and keep not in KEEP_POLICIES:
+        raise ConfigError(f"--keep: expected one of {', '.join(KEEP_POLICIES)} (got {keep!r})")
+    study = resolved.study.model_copy(deep=True)
+    update: dict[str, Any] = {}
+    if trials is not None:
+        study.search.trials = update["trials"] = trials
+    if reproductions is not None:
+        study.test.reproductions = update["reproductions"] = reproductions
+    if keep is not None:
+        study.artifacts.keep = update["keep"] = keep
+    return resolved.model_copy(update={**update, "study": study})
 
 
 def load_study(path: str | Path) -> ResolvedStudy:
@@ -123,6 +223,7 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
         reproductions=study.test.reproductions or preset.test.reproductions or 2,
         pruner=study.search.pruner or preset.search.pruner or "none",
         prune_startup=_first_set(study.search.prune_startup, preset.search.prune_startup, 5),
+        keep=study.artifacts.keep or "resume",
         source=source,
     )
 

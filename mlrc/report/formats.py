@@ -1,22 +1,23 @@
 """The test-result tables in each format: :func:`render` picks ``md`` (GitHub markdown), ``csv``
-(tidy, one line per row × mode × metric), ``latex`` (:mod:`mlrc.report.latex`) or ``html``
-(:mod:`mlrc.report.table_html`)."""
+(tidy, one line per row × mode × metric), ``latex`` (:mod:`mlrc.report.latex`), ``html``
+(:mod:`mlrc.report.table_html`) or ``json`` (the tidy lines, the blocks' rows as shown and the
+legend: everything a table shows, for other programs)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from mlrc.report.latex import latex_document, latex_table
-from mlrc.report.layout import METRIC_LABELS, Cell, legend, table_blocks
+from mlrc.report.layout import COLUMNS, METRIC_LABELS, Cell, legend, table_blocks
 from mlrc.report.legend import DAGGER
 from mlrc.report.summary import TIDY_COLUMNS
 from mlrc.report.table_html import html_page
 from mlrc.report.values import MODES, ReportError
 from mlrc.store import METRIC_COLUMNS
 
-__all__ = ["FORMATS", "csv_table", "md_table", "render"]
+__all__ = ["FORMATS", "csv_table", "json_report", "md_table", "render"]
 
-FORMATS = ("md", "csv", "latex", "html")
+FORMATS = ("md", "csv", "latex", "html", "json")
 
 
 def render(summary: pd.DataFrame, fmt: str, *, standalone: bool = False) -> str:
@@ -26,6 +27,8 @@ def render(summary: pd.DataFrame, fmt: str, *, standalone: bool = False) -> str:
         raise ReportError(f"unknown format {fmt!r} ({', '.join(FORMATS)})")
     if fmt == "csv":
         return csv_table(summary)
+    if fmt == "json":
+        return json_report(summary)
     if fmt == "html":
         return html_page(summary)
     if summary.empty:
@@ -45,6 +48,59 @@ def csv_table(summary: pd.DataFrame) -> str:
         if c not in table.columns:
             table[c] = pd.NA
     return table.to_csv(index=False, columns=TIDY_COLUMNS, float_format="%.10g")
+
+
+def json_report(summary: pd.DataFrame) -> str:
+    """JSON: ``lines`` (the CSV's tidy lines: values in percent, NaN as null), ``blocks`` (each
+    table block's rows as shown: label, n, underline, and per column its text, bold and † mark)
+    and ``legend`` (the marks and notes)."""
+    import json
+
+    table = summary.copy()
+    for c in TIDY_COLUMNS:
+        if c not in table.columns:
+            table[c] = pd.NA
+    lines = json.loads(table[TIDY_COLUMNS].to_json(orient="records", double_precision=15))
+    blocks = [
+        {
+            "dataset": b.dataset,
+            "protocol": b.protocol,
+            "name": b.name,
+            "rows": [
+                {
+                    "label": r.label,
+                    "study": r.study,
+                    "n": r.n,
+                    "baseline": r.baseline,
+                    "underline": r.underline,
+                    "cells": {
+                        f"{mode}/{metric}": None
+                        if c is None
+                        else {"text": c.text("±"), "bold": c.bold, "not_worse_mark": c.dagger}
+                        for (mode, metric), c in zip(COLUMNS, r.cells, strict=True)
+                    },
+                }
+                for r in b.rows
+            ],
+        }
+        for b in (table_blocks(summary) if not summary.empty else [])
+    ]
+    doc = {
+        "format": "mlrc-report/1",
+        "values": "percent; mean ± half-width of the 95% CI over reproductions",
+        "lines": lines,
+        "blocks": blocks,
+        "legend": legend(summary, table_blocks(summary)) if not summary.empty else [],
+    }
+    return json.dumps(doc, indent=1, ensure_ascii=False, default=_plain) + "\n"
+
+
+def _plain(value: object) -> object:
+    """numpy scalars (a bool of the summary, say) as Python ones, for ``json``."""
+    item = getattr(value, "item", None)
+    if item is None:
+        raise TypeError(f"not JSON serializable: {type(value).__name__}")
+    return item()
 
 
 def _md_cell(c: Cell | None) -> str:

@@ -5,7 +5,7 @@ the legend's notes that the table needs (:func:`legend`)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -92,6 +92,7 @@ class Block:
     rows: list[Row]
     budgets: str  # "trials 4 (contrastive) vs 8 (triplet)" when the search budgets differ
     nonfinite: list[tuple[str, int, int]]  # (row label, scored 0, complete trials)
+    history: list[tuple[str, str]] = field(default_factory=list)  # (row label, budget changes)
 
     @property
     def name(self) -> str:
@@ -105,6 +106,7 @@ class _BlockNotes:
 
     nonfinite: list[tuple[str, int, int]]
     budgets: dict[int, list[str]]
+    history: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _study_row(
@@ -117,6 +119,8 @@ def _study_row(
         acc.nonfinite.append((label, int(first["nonfinite_trials"]), int(first["complete_trials"])))
     if not pd.isna(first["trials_budget"]):
         acc.budgets.setdefault(int(first["trials_budget"]), []).append(label)
+    if first["budget_history"]:
+        acc.history.append((label, first["budget_history"]))
     if first["pruner"] != "none":
         label = f"{label} {DDAGGER}"
     lo, hi = int(g["n"].min()), int(g["n"].max())
@@ -165,7 +169,14 @@ def _block(dataset: str, protocol: str, d: pd.DataFrame) -> Block:
     first = d.iloc[0]
     fields = first["protocol_fields"] if first["protocol_diff"] else ""
     return Block(
-        dataset, protocol, fields, first["protocol_diff"], rows, budget_text, acc.nonfinite
+        dataset,
+        protocol,
+        fields,
+        first["protocol_diff"],
+        rows,
+        budget_text,
+        acc.nonfinite,
+        acc.history,
     )
 
 
@@ -203,6 +214,9 @@ def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
     for b in blocks:
         if b.budgets:
             out.append(f"{b.name}: the search budgets differ — {b.budgets}.")
+    for b in blocks:
+        for label, changes in b.history:
+            out.append(f"{label} ({b.name}): budget changed during the study — {changes}.")
     for b in blocks:
         for label, zeros, done in b.nonfinite:
             out.append(f"{label} ({b.name}): {zeros} of {done} complete trials {NONFINITE_NOTE}.")

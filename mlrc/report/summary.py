@@ -63,6 +63,7 @@ def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
         "trials_budget": pd.NA,
         "complete_trials": pd.NA,
         "nonfinite_trials": pd.NA,
+        "budget_history": "",
     }
     for c, v in defaults.items():
         if c not in values.columns:

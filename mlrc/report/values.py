@@ -29,6 +29,7 @@ __all__ = [
     "MODES",
     "VALUE_COLUMNS",
     "ReportError",
+    "budget_history",
     "collect",
     "is_nonfinite",
     "select_studies",
@@ -44,6 +45,7 @@ META_COLUMNS = [
     "trials_budget",  # the study's search budget (resolved ``trials``)
     "complete_trials",
     "nonfinite_trials",  # complete trials scored 0 for a non-finite loss or embeddings
+    "budget_history",  # "search.trials 50 → 70 (2026-11-24)"; … when its budgets changed, or ""
 ]
 VALUE_COLUMNS = [
     "study",
@@ -230,6 +232,7 @@ def _baseline_rows(
                         "trials_budget": None,
                         "complete_trials": None,
                         "nonfinite_trials": None,
+                        "budget_history": "",
                         "_order": (*g.rank, 0, i),
                     }
                 )
@@ -259,8 +262,19 @@ def _values_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return values
 
 
+def budget_history(changes: list[Any]) -> str:
+    """The changes of budget among a study's history rows, as one phrase ("" when none)."""
+    return "; ".join(
+        f"{h.field} {h.old} → {h.new} ({h.time:%Y-%m-%d})"
+        for h in changes
+        if h.field in ("search.trials", "test.reproductions")
+    )
+
+
 def _study_meta(
-    groups: list[_Group], counts: tuple[dict[int, int], dict[int, int]]
+    groups: list[_Group],
+    counts: tuple[dict[int, int], dict[int, int]],
+    history: dict[int, list[Any]],
 ) -> dict[int, dict[str, Any]]:
     """Per study id, its :data:`META_COLUMNS`."""
     complete, nonfinite = counts
@@ -272,6 +286,7 @@ def _study_meta(
             "trials_budget": trials_budget(st.config),
             "complete_trials": complete[st.id],
             "nonfinite_trials": nonfinite[st.id],
+            "budget_history": budget_history(history.get(st.id, [])),
         }
         for g in groups
         for st in g.studies
@@ -292,7 +307,7 @@ def collect(
     found = {st.id: st for st, _ in data.results}
     groups = _protocol_groups(sorted(found.values(), key=lambda st: rank[st.name]))
     group_of = {st.id: g for g in groups for st in g.studies}
-    meta = _study_meta(groups, _trial_counts(data.trial_reasons, list(found)))
+    meta = _study_meta(groups, _trial_counts(data.trial_reasons, list(found)), data.history)
     rows = _study_rows(data.results, group_of, rank, meta)
     for g in groups:
         rows += _baseline_rows(g, data.baseline_links, data.baselines)

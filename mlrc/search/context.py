@@ -8,21 +8,23 @@ import functools
 import hashlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
 from mlrc import __version__, data, store
-from mlrc.config import ResolvedStudy
+from mlrc.config import BUDGETS, ResolvedStudy, budgets, copy_budgets, identity
 from mlrc.data.base import ImageDataset
 from mlrc.protocol import mlrc_split
 from mlrc.protocol.splits import Split
 from mlrc.search.errors import StudyError
-from mlrc.store import trials
+from mlrc.search.tracking import Tracker, open_tracker
+from mlrc.store import history, trials
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -43,6 +45,7 @@ class Context:
     split: Split
     study_id: int
     progress: bool = True
+    tracker: Tracker = dataclass_field(default_factory=Tracker)  # MLflow/W&B runs (none by default)
 
     @property
     def name(self) -> str:
@@ -65,7 +68,11 @@ def protocol_of(r: ResolvedStudy) -> dict[str, Any]:
     and reproductions add work, they do not change a fold) and without the runtime-only fields
     (speed, not numbers). The search space, enqueued points, BO sampler and pruner decide which
     parameters are tried, not what a fold with given parameters computes."""
-    fp = r.fingerprint()
+    return protocol_of_fingerprint(r.fingerprint())
+
+
+def protocol_of_fingerprint(fp: dict[str, Any]) -> dict[str, Any]:
+    """:func:`protocol_of` from a study's fingerprint (as stored in ``mlrc_study.config``)."""
     study, preset = fp["study"], dict(fp["preset"])
     for budget in ("search", "test"):
         preset.pop(budget, None)
@@ -83,13 +90,27 @@ def protocol_of(r: ResolvedStudy) -> dict[str, Any]:
 def protocol_key(r: ResolvedStudy) -> str:
     """A short hash of :func:`protocol_of`: the artifact folder level that keeps checkpoints of
     different configurations apart (a new store never adopts another configuration's folds)."""
-    return hashlib.sha256(store.canonical_json(protocol_of(r)).encode()).hexdigest()[:12]
+    return protocol_key_of(r.fingerprint())
+
+
+def protocol_key_of(fingerprint: dict[str, Any]) -> str:
+    """:func:`protocol_key` of a stored configuration (``mlrc_study.config``)."""
+    text = store.canonical_json(protocol_of_fingerprint(fingerprint))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def fold_dir(ctx: Context, kind: str, h: str, reproduction: int, fold: int) -> Path:
     """``<artifacts>/<study>/p-<protocol key>/<kind>/<params hash>/[rep<N>/]fold<k>``."""
+    return fold_folder(
+        ctx.artifacts / f"p-{protocol_key(ctx.resolved)}", kind, h, reproduction, fold
+    )
+
+
+def fold_folder(root: Path, kind: str, params_hash: str, reproduction: int, fold: int) -> Path:
+    """``<root>/<kind>/<params hash>/[rep<N>/]fold<k>`` (root: a study's ``p-<protocol key>``
+    folder)."""
     rep = f"rep{reproduction}" if kind == "test" else ""
-    return ctx.artifacts / f"p-{protocol_key(ctx.resolved)}" / kind / h / rep / f"fold{fold}"
+    return root / kind / params_hash / rep / f"fold{fold}"
 
 
 @functools.cache
@@ -130,6 +151,7 @@ def open_study(
     device: str = "cpu",
     progress: bool = True,
     force_new: bool = False,
+    budgets_used: Iterable[str] = BUDGETS,
 ) -> Iterator[Context]:
     """Connect, register (or check) the study, load the dataset; hold a lock for SQLite.
     ``force_new``: a stored study of the same name with another configuration is archived
@@ -138,15 +160,18 @@ def open_study(
     with sqlite_lock(engine, resolved.study.name):
         if force_new:
             old = trials.stored_config(engine, resolved.study.name)
-            if old is not None and store.canonical_json(old) != store.canonical_json(
-                resolved.fingerprint()
+            if old is not None and store.canonical_json(identity(old)) != store.canonical_json(
+                identity(resolved.fingerprint())
             ):
                 new_name = archive_study(engine, resolved.study.name, Path(artifacts))
                 log.warning("the stored study %r was archived as %r", resolved.study.name, new_name)
-        ctx = build_context(resolved, url, artifacts, device, progress, engine)
+        ctx = build_context(resolved, url, artifacts, device, progress, engine, budgets_used)
         for warning in data.check_dataset(ctx.dataset, ctx.split.trainval_classes):
             log.warning("%s", warning)  # one-image training classes, duplicate files
-        yield ctx
+        try:
+            yield ctx
+        finally:
+            ctx.tracker.close()  # tracked runs this process left open: interrupted
 
 
 def build_context(
@@ -156,11 +181,12 @@ def build_context(
     device: str = "cpu",
     progress: bool = True,
     engine: Engine | None = None,
+    budgets_used: Iterable[str] = BUDGETS,
 ) -> Context:
     """Register (or check) the study and load its dataset and split, without any lock (for a
     process that works for a study someone else holds: a Ray trial or fold task)."""
     engine = engine or store.connect(url)
-    study_id = register_study(engine, resolved)
+    study_id = register_study(engine, resolved, budgets_used)
     ds = data.build(
         resolved.study.dataset.name,
         root=resolved.study.dataset.root,
@@ -169,7 +195,7 @@ def build_context(
     split = mlrc_split(
         ds.labels, n_folds=resolved.preset.folds, scheme=resolved.preset.split_scheme
     )
-    return Context(
+    ctx = Context(
         resolved,
         url,
         engine,
@@ -180,6 +206,8 @@ def build_context(
         study_id,
         progress,
     )
+    ctx.tracker = open_tracker(ctx)  # this process's handle on the study's tracked runs
+    return ctx
 
 
 @contextmanager
@@ -224,7 +252,9 @@ def sqlite_lock(engine: Engine, name: str) -> Iterator[None]:
         lock.release()
 
 
-def register_study(engine: Engine, resolved: ResolvedStudy) -> int:
+def register_study(
+    engine: Engine, resolved: ResolvedStudy, budgets_used: Iterable[str] = BUDGETS
+) -> int:
     """The study's row id, the row created if new; a stored study of the same name with
     another configuration is a :class:`StudyError` naming the first difference."""
     config = resolved.fingerprint()
@@ -239,14 +269,36 @@ def register_study(engine: Engine, resolved: ResolvedStudy) -> int:
         config=config,
         code_version=__version__,
     )
-    if store.canonical_json(stored) != store.canonical_json(config):
-        changed = first_difference(stored, config)
+    if store.canonical_json(identity(stored)) != store.canonical_json(identity(config)):
+        changed = first_difference(identity(stored), identity(config))
         raise StudyError(
             f"study {study.name!r} already exists in the store with a different "
             f"configuration ({changed}); give the study a new name, or pass --force-new to "
             "archive the stored one as NAME.old-K and start afresh"
         )
+    for field, old, new in record_changes(engine, study_id, resolved, budgets_used):
+        log.warning("study %r: %s %s → %s (recorded in its history)", study.name, field, old, new)
     return study_id
+
+
+def record_changes(
+    engine: Engine, study_id: int, resolved: ResolvedStudy, fields: Iterable[str] = BUDGETS
+) -> list[tuple]:
+    """Record in the study's history what this run changes of what may change: the budgets it
+    works to (``fields``: ``study run`` the trials, ``study test`` the reproductions; the stored
+    configuration then holds the new ones) and its checkpoint retention."""
+    fields = tuple(fields)
+
+    def diff(stored: dict, last: dict) -> tuple[list[tuple], dict | None]:
+        unused = [f for f in BUDGETS if f not in fields]  # as stored
+        config = copy_budgets(resolved.fingerprint(), stored, unused)
+        old, new = budgets(stored), budgets(config)
+        changes = [(f, old[f], new[f]) for f in new if old[f] != new[f]]
+        if last.get("artifacts.keep", "resume") != resolved.keep:
+            changes.append(("artifacts.keep", last.get("artifacts.keep", "resume"), resolved.keep))
+        return changes, config if old != new else None
+
+    return history.record_changes(engine, study_id, diff, code_version())
 
 
 def archive_study(engine: Engine, name: str, artifacts: Path) -> str:

@@ -4,10 +4,13 @@ one resumes from its ``last.pt`` (the fold trainer's concern)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from mlrc import store
 from mlrc.config import LOSS_LR
@@ -21,6 +24,7 @@ from mlrc.search.context import (
     protocol_key,
 )
 from mlrc.search.errors import StudyError
+from mlrc.search.retention import release_fold
 from mlrc.store import trials
 from mlrc.train import CheckpointError, EpochRecord, FoldResult, FoldSpec, train_fold
 from mlrc.train.threads import apply_share
@@ -67,7 +71,7 @@ def run_fold(
     stored = stored_result(ctx, job)
     if stored is not None:
         return stored
-    apply_share()  # workers on this host come and go: take the current fair share of its cores
+    threads = apply_share() or torch.get_num_threads()  # workers come and go: the fair share now
     seed = derive_seed(ctx.resolved.study.search.seed, kind, job.params_hash, reproduction, fold)
     fold_run_id = trials.start_fold(
         ctx.engine,
@@ -77,10 +81,12 @@ def run_fold(
         seed=seed,
         device=ctx.device,  # this run's, until the result says who computed it
         code_version=code_version(),
+        threads=threads,  # torch's sums depend on it: the process that ran the fold last
     )
 
     def record(rec: EpochRecord) -> None:
         record_epoch(ctx, fold_run_id, rec, job.what)
+        ctx.tracker.epoch(job, trial_number, rec)  # MLflow/W&B, when tracked (never raises)
 
     spec = fold_spec(ctx, job, params, seed, trial_number)
     try:
@@ -90,17 +96,24 @@ def run_fold(
     for rec in res.history:  # a resumed fold re-reports nothing: make sure every epoch is stored
         record(rec)
     record_result(ctx, job, res)
+    if res.status == "complete":  # committed: the checkpoints the policy drops can go
+        release_fold(ctx, kind, job.key(ctx.study_id), spec.workdir, job.what)
+        if kind == "search" and ctx.resolved.keep == "resume":
+            res = dataclasses.replace(res, checkpoint=None)
     return res
 
 
 def stored_result(ctx: Context, job: FoldJob) -> FoldResult | None:
-    """The stored result of a complete fold run whose checkpoint is still there, else None (a
-    missing checkpoint is logged: the fold is trained again)."""
+    """The stored result of a complete fold run, else None. A test fold's result counts only
+    with its checkpoint (the test stage embeds the test set with it): a missing one is logged
+    and the fold is trained again; a search fold's stored row is its result (the search never
+    reads its checkpoint, which retention may have removed)."""
     row = trials.fold_run(ctx.engine, job.key(ctx.study_id), job.what)
-    if row is None or row.status != "complete" or not row.checkpoint:
+    if row is None or row.status != "complete":
         return None
-    if not Path(row.checkpoint).is_file():
-        log.warning("%s: checkpoint %s is missing; training it again", job.what, row.checkpoint)
+    if job.kind == "test" and not (row.checkpoint and Path(row.checkpoint).is_file()):
+        if row.checkpoint:
+            log.warning("%s: checkpoint %s is missing; training it again", job.what, row.checkpoint)
         return None
     return FoldResult(
         "complete",

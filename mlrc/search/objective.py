@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from mlrc.search import retention
 from mlrc.search.context import Context, params_hash
 from mlrc.search.folds import run_fold
 from mlrc.store import trials
@@ -45,9 +46,11 @@ def run_objective(
     and ``optuna.TrialPruned`` is raised with the reason."""
     params = {**ctx.resolved.fixed, **suggested}
     trials.start_trial(ctx.engine, ctx.study_id, number, params, params_hash(params))
+    ctx.tracker.trial_started(number, params)
     values: dict[int, float] = {}
     n_folds = len(ctx.split.folds)
     for fold, res in folds(ctx, params, number):
+        ctx.tracker.fold_finished(number, fold, res)
         if res.nonfinite:  # "non-finite loss at iteration i, fold f" (store.NONFINITE)
             reason = f"{res.reason}, fold {fold}"
             finish_trial(ctx, number, "complete", 0.0, 0.0, reason)
@@ -89,6 +92,8 @@ def finish_trial(
 ) -> None:
     """Record in mlrc's table how trial ``number`` ended (state, value, SEM, reason)."""
     trials.finish_trial(ctx.engine, ctx.study_id, number, state, value, sem, reason)
+    retention.collect(ctx)  # a trial that is not (or no longer) the best drops its best.pt
+    ctx.tracker.trial_finished(number, state, value, sem, reason)
 
 
 def pruning(ctx: Context, trial: optuna.Trial) -> Callable[[int, float], bool] | None:

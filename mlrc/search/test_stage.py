@@ -13,6 +13,7 @@ from optuna.trial import TrialState
 from mlrc import store
 from mlrc.protocol import concatenate_embeddings, retrieval_metrics
 from mlrc.protocol.analysis import analysis_metrics, metrix_utilization
+from mlrc.search import retention
 from mlrc.search.baseline import ensure_baseline, view_of_test_classes
 from mlrc.search.context import Context
 from mlrc.search.errors import StudyError
@@ -23,7 +24,11 @@ from mlrc.train import View, embed, load_model
 
 def best_params(ctx: Context) -> dict[str, Any]:
     """The parameters of the best complete trial (with the fixed ones); a study without one,
-    or whose best was scored 0 for a non-finite loss, is a :class:`StudyError`."""
+    or whose best was scored 0 for a non-finite loss, is a :class:`StudyError`. A study with
+    nothing to search (every parameter fixed, as ``mlrc study export`` writes) tests its fixed
+    parameters: no search is needed."""
+    if not ctx.resolved.space:
+        return dict(ctx.resolved.fixed)
     try:
         ostudy = optuna.load_study(study_name=ctx.name, storage=ctx.url)
     except KeyError:  # Optuna: "Record does not exist."
@@ -104,4 +109,6 @@ def _test_reproduction(ctx: Context, params: dict[str, Any], rep: int) -> str | 
         ("concatenated", -1, _test_metrics(ctx, joined, labels, concatenate_embeddings(seen)))
     )
     trials.record_reproduction(ctx.engine, ctx.study_id, rep, params, rows)
+    retention.collect(ctx)  # its folds' checkpoints are read no more (kept under keep: best)
+    ctx.tracker.reproduction_finished(rep, params, rows)
     return None

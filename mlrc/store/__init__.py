@@ -14,6 +14,7 @@ Every query, named for what it does, in one module per caller:
 
 - :mod:`mlrc.store.trials`: the search and test stage (start/finish a trial or a fold, epochs,
   reproductions, the untrained baseline, a study's status);
+- :mod:`mlrc.store.history`: a study's budget and retention changes;
 - :mod:`mlrc.store.campaigns`: which studies a campaign holds and their progress;
 - :mod:`mlrc.store.reads`: what the report's tables read;
 - :mod:`mlrc.store.snapshot`: what the dashboard reads.
@@ -21,7 +22,7 @@ Every query, named for what it does, in one module per caller:
 SQL lives only in this package (an import-linter contract in pyproject.toml keeps it so).
 """
 
-from mlrc.store import campaigns, reads, snapshot, trials
+from mlrc.store import campaigns, history, reads, snapshot, trials
 from mlrc.store.engine import (
     advisory_lock,
     connect,
@@ -32,6 +33,7 @@ from mlrc.store.engine import (
     sqlite_file_lock,
     sqlite_path,
     transact,
+    unbeaten_trials,
     upsert,
 )
 from mlrc.store.migrate import current, upgrade
@@ -60,6 +62,7 @@ from mlrc.store.schema import (
     Meta,
     Study,
     StudyBaseline,
+    StudyHistory,
     TestResult,
     Trial,
     canonical_json,
@@ -79,6 +82,7 @@ __all__ = [
     "StoreError",
     "Study",
     "StudyBaseline",
+    "StudyHistory",
     "TestResult",
     "Trial",
     "advisory_lock",
@@ -90,6 +94,7 @@ __all__ = [
     "default_url",
     "describe",
     "get_study",
+    "history",
     "make_engine",
     "optuna_storage",
     "reads",
@@ -105,6 +110,7 @@ __all__ = [
     "sqlite_path",
     "transact",
     "trials",
+    "unbeaten_trials",
     "upgrade",
     "upsert",
 ]

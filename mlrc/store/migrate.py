@@ -36,7 +36,11 @@ from mlrc.store.reconnect import StoreError, describe, redact
 from mlrc.store.schema import SCHEMA_VERSION, Base, Meta
 
 VERSION_TABLE = "mlrc_alembic_version"  # Optuna's own is alembic_version, in the same database
-REVISIONS = {2: "schema_2", 3: "schema_3"}  # mlrc_meta.schema_version -> Alembic revision
+REVISIONS = {
+    2: "schema_2",
+    3: "schema_3",
+    4: "schema_4",
+}  # mlrc_meta.schema_version -> Alembic revision
 HEAD = REVISIONS[SCHEMA_VERSION]
 MIGRATIONS = Path(__file__).with_name("migrations")  # env.py and versions/, package data
 log = logging.getLogger("mlrc")
@@ -56,8 +60,26 @@ def prepare(engine: Engine, url: str, all_revisions: bool = False) -> tuple[str 
             # race on Optuna's alembic_version row (an IntegrityError for the second).
             optuna_storage(url).engine.dispose()
     except DBAPIError as e:
-        raise StoreError(f"{redact(url)}: {describe(e)}") from None
+        raise StoreError(f"{redact(url)}: {describe(e)}{_behind(engine, e)}") from None
     return revisions
+
+
+def _behind(engine: Engine, e: BaseException) -> str:
+    """What a write refused by a read-only store means when the store is behind :data:`HEAD`."""
+    if "readonly" not in str(e).replace("read-only", "readonly").lower():
+        return ""
+    try:
+        with engine.connect() as conn:
+            version, revision = _state(conn)
+    except Exception:  # noqa: BLE001 — only a better message at stake
+        return ""
+    old = revision or (REVISIONS.get(int(version)) if version and version.isdigit() else None)
+    if old is None or old == HEAD:
+        return ""
+    return (
+        f" (the store is at schema revision {old} and this mlrc needs {HEAD}: upgrade it once "
+        "where it is writable, `mlrc store upgrade`)"
+    )
 
 
 def upgrade(url: str) -> tuple[str | None, str]:

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 
 from mlrc.store.engine import session
-from mlrc.store.schema import Baseline, CampaignStudy, Study, StudyBaseline, TestResult, Trial
+from mlrc.store.schema import (
+    Baseline,
+    CampaignStudy,
+    Study,
+    StudyBaseline,
+    StudyHistory,
+    TestResult,
+    Trial,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -67,11 +75,12 @@ class TableInputs:
     trial_reasons: list[tuple[int, str | None]]  # (study id, reason) per complete trial
     baseline_links: dict[int, str]  # study id -> baseline key
     baselines: dict[str, list[Baseline]] = field(default_factory=dict)  # key -> one per mode
+    history: dict[int, list[StudyHistory]] = field(default_factory=dict)  # study id -> changes
 
 
 def table_inputs(engine: Engine, names: list[str]) -> TableInputs:
     """The final test results of the studies ``names`` (studies without any are left out), the
-    reasons of their complete trials, and their untrained baselines."""
+    reasons of their complete trials, their untrained baselines and their histories."""
     with session(engine) as s:
         results = _final_results(s, names)
         ids = list({st.id: st for st, _ in results})
@@ -81,6 +90,7 @@ def table_inputs(engine: Engine, names: list[str]) -> TableInputs:
             trial_reasons=_complete_trial_reasons(s, ids),
             baseline_links=links,
             baselines=_baselines(s, sorted(set(links.values()))),
+            history=_history(s, ids),
         )
 
 
@@ -111,4 +121,12 @@ def _baselines(s: Session, keys: list[str]) -> dict[str, list[Baseline]]:
     out: dict[str, list[Baseline]] = {}
     for b in s.execute(select(Baseline).where(Baseline.key.in_(keys))).scalars():
         out.setdefault(b.key, []).append(b)
+    return out
+
+
+def _history(s: Session, study_ids: list[int]) -> dict[int, list[StudyHistory]]:
+    out: dict[int, list[StudyHistory]] = {}
+    q = select(StudyHistory).where(StudyHistory.study_id.in_(study_ids))
+    for h in s.execute(q.order_by(StudyHistory.time, StudyHistory.id)).scalars():
+        out.setdefault(h.study_id, []).append(h)
     return out

@@ -26,7 +26,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # Written to mlrc_meta.schema_version, which older mlrc releases check: they refuse a store of a
 # newer version. 2: test_result.extra (analysis metrics); 3: fold_run.objective/code_version and
 # the baseline tables. Each version is an Alembic revision (mlrc.store.migrate.REVISIONS).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class Base(DeclarativeBase):
@@ -102,6 +102,7 @@ class FoldRun(Base):
     wall_time_s: Mapped[float | None] = mapped_column(Float)
     device: Mapped[str | None] = mapped_column(String(32))  # of the run that computed it
     code_version: Mapped[str | None] = mapped_column(String(64))  # likewise
+    threads: Mapped[int | None] = mapped_column(Integer)  # torch intra-op threads (schema 4)
     updated: Mapped[dt.datetime] = mapped_column(DateTime, default=_now, onupdate=_now)
 
 
@@ -115,6 +116,21 @@ class EpochMetric(Base):
     map_at_r: Mapped[float] = mapped_column(Float)
     precision_at_1: Mapped[float] = mapped_column(Float)
     r_precision: Mapped[float] = mapped_column(Float)
+
+
+class StudyHistory(Base):
+    """A change of what a study's file may change without changing its numbers: its budgets
+    (``search.trials``, ``test.reproductions``) and its checkpoint retention
+    (``artifacts.keep``); ``old`` → ``new`` as text, with the code version that saw it."""
+
+    __tablename__ = "mlrc_study_history"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("mlrc_study.id"))
+    time: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+    field: Mapped[str] = mapped_column(String(64))
+    old: Mapped[str | None] = mapped_column(String(256))
+    new: Mapped[str | None] = mapped_column(String(256))
+    code_version: Mapped[str | None] = mapped_column(String(64))
 
 
 class TestResult(Base):

@@ -34,10 +34,14 @@ if TYPE_CHECKING:
 __all__ = [
     "absolute_url",
     "archive_study",
+    "best_trial",
+    "best_trial_hash",
     "ensure_study",
     "finish_fold",
     "finish_trial",
     "fold_run",
+    "fold_runs",
+    "forget_checkpoint",
     "has_baseline",
     "is_database_error",
     "link_baseline",
@@ -49,7 +53,10 @@ __all__ = [
     "start_fold",
     "start_trial",
     "stored_config",
+    "studies",
     "study_status",
+    "test_results",
+    "tested_reproductions",
     "trial_state",
 ]
 
@@ -121,6 +128,12 @@ def archive_study(engine: Engine, name: str, artifacts: Path) -> str:
             s.flush()
             os.replace(src, dst)  # last: a failure before it rolls the rows back
     return new
+
+
+def studies(engine: Engine) -> list[Study]:
+    """Every study of the store, by name (``mlrc gc`` walks them)."""
+    with session(engine) as s:
+        return list(s.execute(select(Study).order_by(Study.name)).scalars())
 
 
 def study_status(
@@ -292,6 +305,48 @@ def finish_fold(engine: Engine, key: dict[str, Any], what: str, **values: Any) -
     transact(engine, lambda s: upsert(s, FoldRun, key, **values), f"recording {what}")
 
 
+def fold_runs(engine: Engine, study_id: int) -> list[FoldRun]:
+    """Every fold run of the study (what checkpoint retention looks at)."""
+    with session(engine) as s:
+        return list(s.execute(select(FoldRun).filter_by(study_id=study_id)).scalars())
+
+
+def best_trial(engine: Engine, study_id: int) -> Trial | None:
+    """The best complete trial (highest value, the first on a tie, as Optuna's
+    ``best_trial``), None before any."""
+    with session(engine) as s:
+        return s.execute(
+            select(Trial)
+            .filter_by(study_id=study_id, state="complete")
+            .where(Trial.value.is_not(None))
+            .order_by(Trial.value.desc(), Trial.number)
+            .limit(1)
+        ).scalar_one_or_none()
+
+
+def best_trial_hash(engine: Engine, study_id: int) -> str | None:
+    """The parameter hash of the best complete trial (:func:`best_trial`), None before any."""
+    best = best_trial(engine, study_id)
+    return None if best is None else best.params_hash
+
+
+def tested_reproductions(engine: Engine, study_id: int) -> set[int]:
+    """The reproductions whose test results are stored."""
+    with session(engine) as s:
+        query = select(TestResult.reproduction).filter_by(study_id=study_id).distinct()
+        return set(s.execute(query).scalars())
+
+
+def forget_checkpoint(engine: Engine, key: dict[str, Any], what: str) -> None:
+    """The fold run with natural key ``key`` no longer has a best checkpoint on disk (committed
+    before the file is deleted: a row never points at a file that retention removed)."""
+    transact(
+        engine,
+        lambda s: s.execute(update(FoldRun).filter_by(**key).values(checkpoint=None)),
+        f"forgetting the checkpoint of {what}",
+    )
+
+
 # --- test stage --------------------------------------------------------------------------------
 
 
@@ -303,6 +358,12 @@ def reproduction_results(engine: Engine, study_id: int, reproduction: int) -> li
             .scalars()
             .all()
         )
+
+
+def test_results(engine: Engine, study_id: int) -> list[TestResult]:
+    """Every stored test row of the study (all reproductions, folds and modes)."""
+    with session(engine) as s:
+        return list(s.execute(select(TestResult).filter_by(study_id=study_id)).scalars())
 
 
 def record_reproduction(

@@ -6,11 +6,13 @@ resume from. Knows nothing of Optuna or the store.
 - :mod:`~mlrc.train.checkpoint`: ``last.pt`` / ``best.pt``, written all or nothing;
 - :mod:`~mlrc.train.embed`: dataset views and embedding them;
 - :mod:`~mlrc.train.model`: the trunk → embedder network;
+- :mod:`~mlrc.train.export`: a study's model for use outside mlrc;
 - :mod:`~mlrc.train.spec`: :class:`FoldSpec`, :class:`EpochRecord`, :class:`FoldResult`.
 """
 
 from mlrc.train.checkpoint import CheckpointError
 from mlrc.train.embed import IndexedView, View, embed
+from mlrc.train.export import EmbeddingModel, export_model, load_exported
 from mlrc.train.loop import FoldRun, train_fold
 from mlrc.train.model import (
     AMP_DTYPES,
@@ -28,6 +30,7 @@ __all__ = [
     "NONFINITE",
     "UNTRAINED_SEED",
     "CheckpointError",
+    "EmbeddingModel",
     "EpochRecord",
     "FoldParts",
     "FoldResult",
@@ -39,6 +42,8 @@ __all__ = [
     "build_fold",
     "build_model",
     "embed",
+    "export_model",
+    "load_exported",
     "load_model",
     "loader_options",
     "trained_best",

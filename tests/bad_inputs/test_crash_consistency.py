@@ -10,7 +10,9 @@ next until one finishes:
 - first four kills at exact points that no timing would hit reliably (planted in the child:
   between the two parameter draws of a trial, between a new best model and the ``last.pt`` that
   records it, in the recovery between the retry and the FAIL, between a trial's result and its
-  ``tell``), each with the invariant checked right after;
+  ``tell``), each with the invariant checked right after (a fifth, between a fold row
+  forgetting its ``best.pt`` and the file's deletion, in a store of its own: it can only come at
+  the end of the search, where it would leave the random kills no search stage to land in);
 - then ``N_RANDOM`` kills at seeded random moments, half uniform over the uninterrupted run's
   search stage and half over its test stage: moment g of the clean run becomes "once the chain
   has made the progress the clean run had made at g, wait as long as the clean run had been
@@ -22,6 +24,7 @@ being trained has a loadable ``last.pt``. At the end the two stores agree exactl
 trials (parameters, values, in order; retried trials get new Optuna numbers), every fold run
 (status, seed, best epoch, metrics, epoch history) and every test result, bit for bit; every
 checkpoint the store names exists where its row says and holds the same weights as the clean run's;
+under the study's retention (``artifacts.keep: best``) those are the only checkpoint files left;
 no temp file or uncommitted best model is left; no Optuna trial is left RUNNING or WAITING.
 """
 
@@ -52,6 +55,9 @@ REPS = 2
 # (which may be the best epoch, as in the reference), and then no trained epoch is ever a new
 # best — the planted kill between a new best model and its last.pt needs one
 OVERRIDES = {**TINY, "max_epochs": 2, "optimizer": {"lr": 3e-5}}
+# checkpoint retention: "best" deletes files as the study goes (every last.pt once its fold is
+# stored, the best.pt of trials that are not the best) and keeps some whose weights are compared
+KEEP = "best"
 
 
 def write_study(tmp: Path) -> Path:
@@ -62,6 +68,7 @@ def write_study(tmp: Path) -> Path:
         "loss": {"name": "contrastive"},  # space: pos_margin, neg_margin
         "search": {"trials": TRIALS, "sampler": "tpe", "seed": 0},
         "test": {"reproductions": REPS},
+        "artifacts": {"keep": KEEP},
         "overrides": OVERRIDES,
     }
     path = tmp / "crash.yaml"
@@ -125,8 +132,12 @@ def check_after_kill(db: Path) -> None:
     ``last.pt`` (weights only) for the fold being trained, whose best model — when it is the
     model ``last.pt`` holds — is in ``best.pt`` or pending commit, never another epoch's."""
     assert integrity(db) == "ok"
-    for (ckpt,) in sql(db, "select checkpoint from mlrc_fold_run where status = 'complete'"):
-        assert Path(ckpt).is_file(), ckpt
+    tested = {r for (r,) in sql(db, "select distinct reproduction from mlrc_test_result")}
+    for kind, rep, ckpt in sql(
+        db, "select kind, reproduction, checkpoint from mlrc_fold_run where status = 'complete'"
+    ):
+        if ckpt is not None or (kind == "test" and rep not in tested):  # the test stage reads it
+            assert Path(ckpt).is_file(), ckpt
     for h, kind, rep, fold in sql(
         db,
         "select params_hash, kind, reproduction, fold from mlrc_fold_run where status = 'running'",
@@ -207,6 +218,19 @@ def before_tell() -> None:
     local._tell = lambda *args, **kwargs: _die()
 
 
+def between_forget_and_delete() -> None:
+    """Killed as retention drops a best.pt: the fold row forgets it, the file is not deleted."""
+    from mlrc.store import trials
+
+    original = trials.forget_checkpoint
+
+    def forget(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        original(*args, **kwargs)
+        _die()
+
+    trials.forget_checkpoint = forget
+
+
 def _otrials(db: Path) -> list[optuna.trial.FrozenTrial]:
     return optuna_trials(f"sqlite:///{db}", NAME)
 
@@ -246,6 +270,18 @@ def check_planted(hook: str, db: Path) -> str:
                 counts[t.user_attrs["retry_of"]] = counts.get(t.user_attrs["retry_of"], 0) + 1
         assert set(counts.values()) == {1}
         return f"trial {running[0].number} complete in mlrc, RUNNING in Optuna"
+    if hook == "between_forget_and_delete":
+        stray = [
+            (h, fold)
+            for h, fold in sql(
+                db,
+                "select params_hash, fold from mlrc_fold_run "
+                "where kind = 'search' and status = 'complete' and checkpoint is null",
+            )
+            if (fold_dir(db, "search", h, 0, fold) / "best.pt").is_file()
+        ]
+        assert len(stray) == 1  # forgotten by its row, still on disk (the next collect's)
+        return f"best.pt of search fold {stray[0][1]} of {stray[0][0]} forgotten, not deleted"
     raise AssertionError(hook)
 
 
@@ -449,7 +485,11 @@ def test_every_checkpoint_exists_in_its_own_fold_and_holds_the_clean_weights(cha
     rows = sql(
         killed, "select kind, params_hash, reproduction, fold, checkpoint from mlrc_fold_run"
     )
+    kept = []
     for kind, h, rep, fold, ckpt in rows:
+        if ckpt is None:  # dropped by retention (as in the clean run: see the fold runs' test)
+            continue
+        kept.append(Path(ckpt))
         assert Path(ckpt) == fold_dir(killed, kind, h, rep, fold) / "best.pt"
         mine = torch.load(ckpt, map_location="cpu", weights_only=True)
         theirs = torch.load(
@@ -457,7 +497,30 @@ def test_every_checkpoint_exists_in_its_own_fold_and_holds_the_clean_weights(cha
         )
         assert mine.keys() == theirs.keys()
         assert all(torch.equal(mine[k], theirs[k]) for k in mine), ckpt
-        last = torch.load(Path(ckpt).with_name("last.pt"), map_location="cpu", weights_only=True)
-        assert last["result"]["status"] == "complete" and last["result"]["checkpoint"] == ckpt
+    # kept: the test reproductions' and the best trial's best.pt, nothing else (no last.pt)
+    assert len(kept) == REPS * 4 + 4
+    assert sorted((killed.parent / "art").rglob("*.pt")) == sorted(kept)
     assert leftovers(killed.parent / "art") == []
     assert integrity(killed) == "ok"
+
+
+def test_a_kill_between_forgetting_and_deleting_a_checkpoint_is_collected_by_the_next_run(
+    chain, tmp_path
+):
+    """Planted: killed as retention drops the best.pt of the trial that lost — the row forgets
+    it, the file stays. The next run deletes it, and the store ends as the clean run's."""
+    clean, _, _ = chain
+    db = tmp_path / "db.sqlite"
+    path = write_study(tmp_path)
+    cmds = commands(path, db, tmp_path / "art")
+    child = Child(cmds, tmp_path / "planted", hook=between_forget_and_delete)
+    assert child.wait() == -signal.SIGKILL, child.output()
+    seen = check_planted("between_forget_and_delete", db)
+    check_after_kill(db)
+    last = Child(cmds, tmp_path / "last")
+    assert last.wait() == 0, last.output()
+    assert counted_trials(db) == counted_trials(clean), seen
+    assert fold_runs(db) == fold_runs(clean)
+    assert result_rows(db) == result_rows(clean)
+    named = {Path(c) for (c,) in sql(db, "select checkpoint from mlrc_fold_run") if c}
+    assert set((tmp_path / "art").rglob("*.pt")) == named  # the stray best.pt is gone

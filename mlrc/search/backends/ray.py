@@ -66,8 +66,13 @@ class Job:
         """Built once per Ray process (actors are reused across trials): dataset loaded once."""
         key = (self.resolved.study.name, self.url, self.artifacts, self.device)
         if key not in _CONTEXTS:
-            _CONTEXTS[key] = build_context(
-                self.resolved, self.url, self.artifacts, self.device, progress=False
+            _CONTEXTS[key] = build_context(  # the driver recorded any change of budget
+                self.resolved,
+                self.url,
+                self.artifacts,
+                self.device,
+                progress=False,
+                budgets_used=(),
             )
         return _CONTEXTS[key]
 
@@ -342,3 +347,4 @@ def _record(ctx: Context, t: optuna.trial.FrozenTrial, state: str, reason: str) 
     trials.mark_trial(
         ctx.engine, ctx.study_id, t.number, params, params_hash(params), state, reason
     )
+    ctx.tracker.trial_finished(t.number, state, None, None, reason)

@@ -1,0 +1,119 @@
+"""Exports of a study: ``mlrc study export`` (a study file with the best parameters fixed and
+the full resolved preset: anyone re-runs its test stage) and ``mlrc study export-model`` (the
+best test reproduction's model for use outside mlrc; formats in :mod:`mlrc.train.export`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mlrc.config import Preset
+from mlrc.search.context import code_version, fold_folder, params_hash, protocol_key_of
+from mlrc.search.errors import StudyError
+from mlrc.store import get_study, session, trials
+from mlrc.train import export_model
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+__all__ = ["export_study_file", "export_study_model"]
+
+
+def export_study_model(
+    engine: Engine,
+    name: str,
+    artifacts: Path,
+    out: Path,
+    dim: str = "512",
+    reproduction: int | None = None,
+    fmt: str = "state-dict",
+) -> dict[str, Any]:
+    """Write study ``name``'s model to ``out``: the reproduction with the best test MAP@R
+    (``reproduction``: that one) — its four fold models concatenated (``dim`` "512") or its
+    fold model with the best test MAP@R (``dim`` "128"). Returns what was written (metadata).
+    A study without test results, or whose checkpoints were not kept, is a StudyError."""
+    with session(engine) as s:
+        row = get_study(s, name)
+    if row is None:
+        raise StudyError(f"no study {name!r} in the store")
+    results = trials.test_results(engine, row.id)
+    if not results:
+        raise StudyError(f"study {name!r} has no test results yet: run `mlrc study test` first")
+    mode = "concatenated" if dim == "512" else "separated"
+    aggregate = {r.reproduction: r for r in results if r.mode == mode and r.fold == -1}
+    if reproduction is None:
+        reproduction = max(aggregate, key=lambda k: (aggregate[k].map_at_r, -k))
+    elif reproduction not in aggregate:
+        raise StudyError(
+            f"study {name!r} has no reproduction {reproduction} (tested: {sorted(aggregate)})"
+        )
+    chosen = aggregate[reproduction]
+    per_fold = {
+        r.fold: r.map_at_r
+        for r in results
+        if r.reproduction == reproduction and r.mode == "separated" and r.fold >= 0
+    }
+    folds = sorted(per_fold)
+    if dim == "128":
+        folds = [max(per_fold, key=lambda f: (per_fold[f], -f))]
+        test_map = per_fold[folds[0]]
+    else:
+        test_map = chosen.map_at_r
+    root = artifacts / name / f"p-{protocol_key_of(row.config)}"
+    h = params_hash(chosen.params)
+    paths = [fold_folder(root, "test", h, reproduction, f) / "best.pt" for f in folds]
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        raise StudyError(
+            f"study {name!r}: the models of reproduction {reproduction} are not on disk "
+            f"({missing[0]}); the study ran with artifacts.keep: resume — run the test stage "
+            "again with more reproductions and --keep best to keep them"
+        )
+    meta = {
+        "study": name,
+        "dataset": row.dataset,
+        "loss": row.loss,
+        "params": chosen.params,
+        "reproduction": reproduction,
+        "fold": folds[0] if dim == "128" else None,
+        "test_map_at_r": test_map,
+        "mode": mode,
+        "code_version": code_version(),
+    }
+    preset = Preset.model_validate(row.config["preset"])
+    export_model(preset, paths, out, meta, fmt)
+    return meta
+
+
+def export_study_file(engine: Engine, name: str, new_name: str | None = None) -> dict[str, Any]:
+    """The study file of study ``name`` with its best trial's parameters fixed (nothing left to
+    search: ``mlrc study test`` runs its test stage directly), its seed, sampler and budget of
+    reproductions, and its whole resolved preset as ``overrides`` (the same numbers whatever
+    the preset files say later). Named ``new_name`` (default ``<name>-exported``)."""
+    with session(engine) as s:
+        row = get_study(s, name)
+    if row is None:
+        raise StudyError(f"no study {name!r} in the store")
+    best = trials.best_trial(engine, row.id)
+    if best is None:
+        raise StudyError(f"study {name!r} has no complete trial yet: run `mlrc study run` first")
+    stored = row.config["study"]
+    params = dict(best.params)
+    parts: dict[str, dict[str, Any]] = {"loss": {}, "miner": {}, "strategy": {}}
+    for k, v in params.items():
+        part = next((p for p in ("miner", "strategy") if k.startswith(f"{p}.")), "loss")
+        parts[part][k.removeprefix(f"{part}.")] = v
+    doc: dict[str, Any] = {
+        "name": new_name or f"{name}-exported",
+        "dataset": stored["dataset"],
+        "preset": stored["preset"],
+        "loss": {"name": stored["loss"]["name"], "params": parts["loss"], "search": {}},
+    }
+    for part in ("miner", "strategy"):
+        if stored.get(part):
+            doc[part] = {"name": stored[part]["name"], "params": parts[part], "search": {}}
+    doc["sampler"] = stored["sampler"]
+    doc["search"] = {"trials": 1, "seed": stored["search"]["seed"]}
+    doc["test"] = {"reproductions": row.config["reproductions"]}
+    doc["overrides"] = row.config["preset"]
+    return doc

@@ -1,0 +1,211 @@
+"""Checkpoint retention (``artifacts.keep``): which files of a fold's folder stay once the
+fold's result is stored. The test stage retrains from scratch and the search never reads a
+finished fold's checkpoint again, so by default (``resume``) a fold holds ``last.pt`` only while
+it runs; ``best`` keeps the ``best.pt`` of the test reproductions and of the best trial's folds
+(for ``mlrc study export-model``); ``all`` keeps every file (mlrc before 0.3).
+
+A file goes only after the store commit that makes it unnecessary (the fold's result, the
+reproduction's test rows, the trial that is now better), and a fold row forgets its checkpoint
+before the file is deleted — a kill in between leaves a file for ``mlrc gc``, never a row
+pointing at nothing that is still needed. Running folds are never touched."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mlrc import store
+from mlrc.search.context import fold_folder, protocol_key_of
+from mlrc.store import history, trials
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from mlrc.search.context import Context
+
+__all__ = [
+    "Freed",
+    "StudyGc",
+    "collect",
+    "collect_study",
+    "fold_folder",
+    "gc",
+    "kept",
+    "release_fold",
+]
+
+log = logging.getLogger("mlrc")
+
+EVERYTHING = frozenset({"*"})
+
+
+@dataclass(frozen=True)
+class Freed:
+    """A file that retention removed (or would remove, on a dry run), with its size in bytes."""
+
+    path: Path
+    size: int
+
+
+def kept(keep: str, kind: str, status: str, *, best_trial: bool, tested: bool) -> frozenset[str]:
+    """The names of the files a fold's folder keeps under policy ``keep`` (:data:`EVERYTHING`:
+    all of them). ``best_trial``: the fold belongs to the best trial so far; ``tested``: its
+    reproduction's test rows are stored (a test fold's ``best.pt`` is read until then)."""
+    if status == "running" or keep == "all":
+        return EVERYTHING
+    if kind == "test" and not tested:
+        return frozenset({"best.pt"})
+    if keep == "best" and status == "complete" and (kind == "test" or best_trial):
+        return frozenset({"best.pt"})
+    return frozenset()
+
+
+def release_fold(ctx: Context, kind: str, key: dict[str, Any], folder: Path, what: str) -> None:
+    """Right after a fold's result is stored: drop what the policy no longer needs (a search
+    fold under ``best`` keeps its ``best.pt`` until its trial is known not to be the best)."""
+    keep = kept(ctx.resolved.keep, kind, "complete", best_trial=True, tested=False)
+    _apply(ctx.engine, key, folder, keep, what, dry_run=False)
+
+
+def collect(ctx: Context) -> list[Freed]:
+    """Apply the study's policy to all its finished folds (after a trial or a reproduction)."""
+    if ctx.resolved.keep == "all":
+        return []
+    root = ctx.artifacts / f"p-{protocol_key_of(ctx.resolved.fingerprint())}"
+    return collect_study(ctx.engine, ctx.study_id, root, ctx.resolved.keep)
+
+
+def collect_study(
+    engine: Engine, study_id: int, root: Path, keep: str, dry_run: bool = False
+) -> list[Freed]:
+    """The files of the study's finished folds under ``root`` that policy ``keep`` does not
+    need, removed (``dry_run``: only listed)."""
+    best = trials.best_trial_hash(engine, study_id)
+    tested = trials.tested_reproductions(engine, study_id)
+    freed: list[Freed] = []
+    for row in trials.fold_runs(engine, study_id):
+        names = kept(
+            keep,
+            row.kind,
+            row.status,
+            best_trial=row.params_hash == best,
+            tested=row.reproduction in tested,
+        )
+        key = {
+            "study_id": study_id,
+            "kind": row.kind,
+            "params_hash": row.params_hash,
+            "reproduction": row.reproduction,
+            "fold": row.fold,
+        }
+        what = f"{row.kind} fold {row.fold} of {row.params_hash}"
+        folder = fold_folder(root, row.kind, row.params_hash, row.reproduction, row.fold)
+        freed += _apply(engine, key, folder, names, what, dry_run)
+    return freed
+
+
+def _apply(
+    engine: Engine,
+    key: dict[str, Any],
+    folder: Path,
+    keep: frozenset[str],
+    what: str,
+    dry_run: bool,
+) -> list[Freed]:
+    """Remove the files of ``folder`` not named in ``keep`` (the row forgets ``best.pt`` first),
+    then the folder and its parents up to the kind's folder when they are left empty."""
+    if keep is EVERYTHING or not folder.is_dir():
+        return []
+    doomed = [f for f in sorted(folder.iterdir()) if f.is_file() and f.name not in keep]
+    freed = [Freed(f, _size(f)) for f in doomed]
+    if dry_run or not doomed:
+        return freed
+    if any(f.name == "best.pt" for f in doomed):
+        trials.forget_checkpoint(engine, key, what)
+    for f in doomed:
+        f.unlink(missing_ok=True)  # another worker may be collecting the same study
+    _prune_empty(folder, levels=3 if key["kind"] == "test" else 2)
+    return freed
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _prune_empty(folder: Path, levels: int) -> None:
+    """Remove ``folder`` and up to ``levels - 1`` of its parents while they are empty."""
+    for d in [folder, *folder.parents][:levels]:
+        try:
+            os.rmdir(d)
+        except OSError:  # not empty (or gone): stop here
+            return
+
+
+ARCHIVED = re.compile(r"\.old-\d+$")  # NAME.old-K: a study archived by --force-new
+
+
+@dataclass
+class StudyGc:
+    """What ``mlrc gc`` freed (or would free) for one study."""
+
+    study: str
+    policy: str  # resume | best | all | archived
+    freed: list[Freed]
+
+    @property
+    def size(self) -> int:
+        """Bytes freed."""
+        return sum(f.size for f in self.freed)
+
+
+def gc(
+    engine: Engine,
+    artifacts: Path,
+    names: list[str] | None = None,
+    keep: str | None = None,
+    dry_run: bool = False,
+) -> list[StudyGc]:
+    """Free the artifacts that no study needs: all of an archived study's (``NAME.old-K``: its
+    results are in the store, its checkpoints are never read again), and the finished folds'
+    files that each study's policy (the last ``artifacts.keep`` in its history, else
+    ``resume``; ``keep`` overrides it) does not keep. Only the folders of the studies' own
+    configurations are touched: other folders under a study's (another store's study of the
+    same name, say) are left alone. ``names``: these studies only (unknown: StoreError)."""
+    rows = trials.studies(engine)
+    if names:
+        missing = sorted(set(names) - {r.name for r in rows})
+        if missing:
+            raise store.StoreError(
+                f"no study {', '.join(map(repr, missing))} in {store.redact(str(engine.url))}"
+            )
+        rows = [r for r in rows if r.name in names]
+    out = []
+    for row in rows:
+        root = artifacts / row.name / f"p-{protocol_key_of(row.config)}"
+        if ARCHIVED.search(row.name):
+            freed = collect_study(engine, row.id, root, "resume", dry_run)
+            freed += _remove_tree(artifacts / row.name, dry_run, exclude={f.path for f in freed})
+            out.append(StudyGc(row.name, "archived", freed))
+            continue
+        policy = keep or history.last_values(engine, row.id).get("artifacts.keep") or "resume"
+        out.append(StudyGc(row.name, policy, collect_study(engine, row.id, root, policy, dry_run)))
+    return out
+
+
+def _remove_tree(folder: Path, dry_run: bool, exclude: set[Path]) -> list[Freed]:
+    """Every file under ``folder`` (but ``exclude``), removed with the folder unless a dry run."""
+    if not folder.is_dir():
+        return []
+    freed = [Freed(f, _size(f)) for f in sorted(folder.rglob("*")) if f.is_file()]
+    freed = [f for f in freed if f.path not in exclude]
+    if not dry_run:
+        shutil.rmtree(folder, ignore_errors=True)
+    return freed
