@@ -33,7 +33,7 @@ def _study(tmp_path: Path, max_epochs: int) -> Path:
 
 def test_changed_study_is_refused_then_archived_with_force_new(tmp_path):
     url, art = f"sqlite:///{tmp_path / 's.db'}", tmp_path / "art"
-    opts = ["--storage", url, "--artifacts", str(art), "--quiet"]
+    opts = ["--storage", url, "--artifacts", str(art), "--quiet", "--keep", "all"]  # files moved
     first = runner.invoke(app, ["study", "run", str(_study(tmp_path, 1)), *opts])
     assert first.exit_code == 0, first.output
     changed = str(_study(tmp_path, 2))

@@ -322,7 +322,8 @@ def test_other_spellings_of_a_password_are_hidden_too(role_url, spelling):
 
 DB_URL_NAMES = {"storage", "url", "db_url", "database_url"}
 LOGGED = {"debug", "info", "warning", "error", "exception", "print", "echo"}
-NOT_DB_URLS = {"mlrc.data.download", "mlrc.models.trunks"}  # ``url``: public download URLs
+# ``url`` there is a public download URL (datasets, trunk weights), not a database's
+NOT_DB_URLS = {"mlrc.data.download", "mlrc.models.trunks", "mlrc.models.timm_trunk"}
 
 
 def test_no_message_shows_a_database_url_unredacted():
