@@ -9,8 +9,10 @@ import typer
 from rich.table import Table
 
 from mlrc import data
+from mlrc.config import ConfigError
+from mlrc.config.splits import build_split, resolve_split
 from mlrc.data.base import DatasetError
-from mlrc.protocol import Split, SplitError, mlrc_split
+from mlrc.protocol import Split, SplitError
 from mlrc.registry import RegistryError
 from mlrc.terminal import check_device, console, fail
 
@@ -21,6 +23,14 @@ data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, summarise, ch
 DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="dataset name (mlrc data list)")]
 RootOpt = Annotated[Path | None, typer.Option("--root", help="dataset root (folder or zip)")]
 SchemeOpt = Annotated[str, typer.Option(help="fold scheme: kfold or mlrc")]
+SplitOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--split",
+        help="a split file (YAML/JSON: test classes, fold validation classes or a scheme) or "
+        "'predefined' (the dataset's own train/test lists); default: MLRC's halves",
+    ),
+]
 
 
 def _load(name: str, root: Path | None) -> data.ImageDataset:
@@ -38,26 +48,50 @@ def data_list() -> None:
         console.print(f"[bold]{name:13}[/bold] {doc}", highlight=False)
 
 
+def _split(ds: data.ImageDataset, split: str | None, folds: int, scheme: str) -> Split:
+    """MLRC's split of ``ds``, or the one ``--split`` names (``scheme``/``folds``: defaults)."""
+    try:
+        spec = resolve_split(split, ds.name, folds, scheme, "--split")
+        return build_split(spec, ds, folds, scheme, "--split")
+    except (ConfigError, SplitError) as e:
+        fail(str(e))
+
+
+def _names(ds: data.ImageDataset, ids: tuple[int, ...], limit: int = 20) -> str:
+    """The class names of ``ids`` (the first ``limit``, then how many more)."""
+    names = ", ".join(ds.class_names[c] for c in ids[:limit])
+    return names + (f", … ({len(ids) - limit} more)" if len(ids) > limit else "")
+
+
 @data_app.command("summary")
 def data_summary(
     name: Annotated[str, typer.Argument(help="dataset name")] = "glyphs",
     root: RootOpt = None,
-    scheme: SchemeOpt = "kfold",
+    scheme: Annotated[
+        str | None,
+        typer.Option(
+            help="fold scheme: kfold or mlrc (default kfold; with --split, mlrc as the presets)"
+        ),
+    ] = None,
     folds: Annotated[int, typer.Option(help="number of folds")] = 4,
+    split: SplitOpt = None,
 ) -> None:
-    """Print class counts and the MLRC split of a dataset."""
+    """Print class counts and the MLRC split of a dataset (or the one --split gives)."""
     ds = _load(name, root)
     counts = ds.class_counts()
     console.print(
         f"{ds.name}: {len(ds)} images, {ds.num_classes} classes, "
         f"{counts.min()}–{counts.max()} images per class"
     )
-    try:
-        console.print(
-            mlrc_split(ds.labels, n_folds=folds, scheme=scheme).summary(), highlight=False
-        )
-    except SplitError as e:
-        fail(str(e))
+    scheme = scheme or ("kfold" if split is None else "mlrc")
+    parts = _split(ds, split, folds, scheme)
+    console.print(parts.summary(), highlight=False)
+    if split is not None:  # the classes by name, per part
+        console.print(f"test classes: {_names(ds, parts.test_classes)}", highlight=False)
+        for f in parts.folds:
+            console.print(
+                f"fold {f.index} validation classes: {_names(ds, f.val_classes)}", highlight=False
+            )
 
 
 @data_app.command("check")
@@ -88,15 +122,13 @@ def data_baselines(
     scheme: SchemeOpt = "mlrc",
     reproductions: Annotated[int, typer.Option(help="random embedders for the CI")] = 5,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N")] = "cpu",
+    split_file: SplitOpt = None,
 ) -> None:
     """Untrained baselines on the test half: raw pixels and random 128-D linear embedders (95% CIs)."""
     check_device(device)
     ds = _load(dataset, root)
     console.rule(f"[bold]{ds.name}[/bold]: {len(ds)} images, {ds.num_classes} classes")
-    try:
-        split = mlrc_split(ds.labels, n_folds=4, scheme=scheme)
-    except SplitError as e:
-        fail(str(e))
+    split = _split(ds, split_file, 4, scheme)
     console.print(split.summary(), highlight=False)
     if reproductions < 2:
         fail("--reproductions must be at least 2 for a confidence interval")

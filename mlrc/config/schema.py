@@ -359,3 +359,7 @@ class StudyConfig(Strict):
     artifacts: ArtifactsSpec = ArtifactsSpec()
     tracking: TrackingSpec | None = None  # experiment tracking; not in the fingerprint
     overrides: dict[str, Any] = {}
+    # "predefined" (the dataset's own train/test lists), a split file, relative to the study
+    # file's folder, or the file's content inline (mlrc.config.splits); None: MLRC's split. Its
+    # content, resolved, is part of the study's identity (ResolvedStudy.split), not this path.
+    split: str | dict[str, Any] | None = None

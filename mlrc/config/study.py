@@ -31,6 +31,7 @@ from mlrc.config.schema import (
     StudyConfig,
 )
 from mlrc.config.spaces import default_space
+from mlrc.config.splits import ResolvedSplit, resolve_split
 from mlrc.params import ParamType
 
 
@@ -47,6 +48,7 @@ class ResolvedStudy(Strict):
     pruner: Literal["none", "median"] = "none"
     prune_startup: int = 5
     keep: Literal["resume", "best", "all"] = "resume"  # checkpoint retention (artifacts.keep)
+    split: ResolvedSplit | None = None  # the study's ``split:`` read and checked; None: MLRC's
     source: str = ""
 
     def fingerprint(self) -> dict[str, Any]:
@@ -59,6 +61,7 @@ class ResolvedStudy(Strict):
         out = self.model_dump(mode="json", exclude={"source", "keep"}, by_alias=True)
         out["study"].pop("artifacts", None)
         out["study"].pop("tracking", None)  # where runs are logged, not what they compute
+        out["study"].pop("split", None)  # where the split file is; its content is out["split"]
         for key in RUNTIME_ONLY:  # how fast, not what is computed: may change on resume
             out["preset"].pop(key, None)
         for path, default in _LATER_FIELDS.items():
@@ -99,6 +102,8 @@ _LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("preset", "freeze_layernorm"): False,
     ("preset", "normalize"): None,
     ("preset", "optimizer", "name"): "rmsprop",
+    # custom splits (a study's ``split:``)
+    ("split",): None,
 }
 
 
@@ -197,14 +202,18 @@ def load_study(path: str | Path) -> ResolvedStudy:
                 f"(looked in {candidates[0].resolve()} and {candidates[1].resolve()})"
             )
         study.dataset.root = str(found.resolve())
-    return resolve(study, str(path))
+    return resolve(study, str(path), base=path.parent)
 
 
-def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
-    """Merge study and preset; check the loss, its parameters and the dataset root."""
+def resolve(study: StudyConfig, source: str = "study", base: Path | None = None) -> ResolvedStudy:
+    """Merge study and preset; check the loss, its parameters, the dataset root and the split
+    (a split file's path is relative to ``base``, the study file's folder; default: cwd)."""
     spec = _loss_info(study.loss.name, source)
     _check_dataset(study.dataset, source)
     preset = load_preset(study.preset, study.overrides, source)
+    split = resolve_split(
+        study.split, study.dataset.name, preset.folds, preset.split_scheme, f"{source}: split", base
+    )
     space, fixed = _loss_space(study, spec, preset, source)
     if study.miner is not None:
         space, fixed = _merge(space, fixed, *resolve_miner(study, spec, source))
@@ -224,6 +233,7 @@ def resolve(study: StudyConfig, source: str = "study") -> ResolvedStudy:
         pruner=study.search.pruner or preset.search.pruner or "none",
         prune_startup=_first_set(study.search.prune_startup, preset.search.prune_startup, 5),
         keep=study.artifacts.keep or "resume",
+        split=split,
         source=source,
     )
 

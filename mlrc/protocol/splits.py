@@ -17,6 +17,9 @@ Two schemes:
   (Cars196: 24 and 73). For an even total class count this is the reference exactly; for an odd
   count the reference's train window is one class longer and overlaps validation by one class,
   which breaks class-disjointness, so here train is always the other N − val_len classes.
+
+:func:`custom_split` builds the same :class:`Split` from given test classes and either given
+validation classes per fold or one of the schemes over the other classes (a study's ``split:``).
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ class Split:
     trainval_classes: tuple[int, ...]
     test_classes: tuple[int, ...]
     folds: tuple[Fold, ...]
-    scheme: str
+    scheme: str  # "kfold", "mlrc", or "given" (validation classes listed per fold)
+    origin: str = ""  # where the test classes come from; "": the second half of the classes
 
     def summary(self) -> str:
         """A one-paragraph human summary with class ranges per fold."""
@@ -57,11 +61,18 @@ class Split:
             f"{len(self.trainval_classes)} train+val classes, {len(self.test_classes)} test "
             f"classes, {len(self.folds)} folds (scheme {self.scheme!r})"
         ]
+        if self.origin:
+            lines.append(f"  test: {_ranges(self.test_classes)} (from {self.origin})")
         for f in self.folds:
             lines.append(
                 f"  fold {f.index}: train {len(f.train_classes)} classes, "
                 f"val {len(f.val_classes)} classes {_ranges(f.val_classes)}"
             )
+        if self.origin:
+            validated = {c for f in self.folds for c in f.val_classes}
+            never = [c for c in self.trainval_classes if c not in validated]
+            if never:
+                lines.append(f"  never validated (train in every fold): {_ranges(never)}")
         return "\n".join(lines)
 
 
@@ -86,21 +97,99 @@ def mlrc_split(
             f"at least 2 validation classes ({2 * n_folds} train+val classes, {4 * n_folds} in all)"
         )
     trainval, test = classes[:n_trainval], classes[n_trainval:]
-    windows = (
-        _kfold_windows(n_trainval, n_folds)
-        if scheme == "kfold"
-        else _mlrc_windows(n_trainval, n_folds)
-    )
-    folds = [
-        Fold(p, tuple(int(c) for c in trainval[tr]), tuple(int(c) for c in trainval[va]))
-        for p, (tr, va) in enumerate(windows)
-    ]
     return Split(
         trainval_classes=tuple(int(c) for c in trainval),
         test_classes=tuple(int(c) for c in test),
-        folds=tuple(folds),
+        folds=_scheme_folds(trainval, n_folds, scheme),
         scheme=scheme,
     )
+
+
+def _scheme_folds(trainval: np.ndarray, n_folds: int, scheme: str) -> tuple[Fold, ...]:
+    """The folds of ``scheme`` over the sorted train+val class ids."""
+    n = len(trainval)
+    windows = _kfold_windows(n, n_folds) if scheme == "kfold" else _mlrc_windows(n, n_folds)
+    return tuple(
+        Fold(p, tuple(int(c) for c in trainval[tr]), tuple(int(c) for c in trainval[va]))
+        for p, (tr, va) in enumerate(windows)
+    )
+
+
+def custom_split(
+    labels: Iterable[int] | np.ndarray,
+    test_classes: Iterable[int],
+    val_classes: Iterable[Iterable[int]] | None = None,
+    n_folds: int = 4,
+    scheme: str = "mlrc",
+    origin: str = "a split file",
+) -> Split:
+    """A split with the given test classes; train+val = every other class in ``labels``.
+
+    ``val_classes``: the validation classes of each fold (a fold trains on the other train+val
+    classes; a class in no list trains in every fold, as MLRC's Cars196 classes 24 and 73);
+    ``None``: ``scheme`` cuts the sorted train+val classes into ``n_folds`` folds as
+    :func:`mlrc_split` does. Class-disjointness, ≥ 2 test classes, ≥ 2 folds and ≥ 2 validation
+    classes per fold are checked (:class:`SplitError`, messages with class ids)."""
+    classes = np.unique(np.asarray(list(labels) if not isinstance(labels, np.ndarray) else labels))
+    known = {int(c) for c in classes}
+    test = _distinct("test", test_classes, known)
+    if len(test) < 2:
+        raise SplitError(f"the test set needs at least 2 classes, got {len(test)}")
+    trainval = np.array([c for c in classes if int(c) not in test], dtype=classes.dtype)
+    if val_classes is None:
+        if scheme not in SCHEMES:
+            raise SplitError(f"unknown split scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+        if n_folds < 2:
+            raise SplitError(f"at least 2 folds are needed, got {n_folds}")
+        if len(trainval) // n_folds < 2:
+            raise SplitError(
+                f"{len(trainval)} train+val classes are too few for {n_folds} folds: every fold "
+                f"needs at least 2 validation classes ({2 * n_folds} train+val classes)"
+            )
+        folds = _scheme_folds(trainval, n_folds, scheme)
+    else:
+        vals = [_distinct(f"fold {k}", v, known) for k, v in enumerate(val_classes)]
+        if len(vals) < 2:
+            raise SplitError(f"at least 2 folds are needed, got {len(vals)}")
+        seen: dict[int, str] = dict.fromkeys(test, "the test set")
+        for k, val in enumerate(vals):
+            if len(val) < 2:
+                raise SplitError(
+                    f"fold {k} has {len(val)} validation class(es); every fold needs at least 2"
+                )
+            for c in sorted(val):
+                if c in seen:
+                    raise SplitError(f"class {c} is in fold {k} and in {seen[c]}")
+                seen[c] = f"fold {k}"
+        folds = tuple(
+            Fold(
+                k,
+                tuple(int(c) for c in trainval if int(c) not in val),
+                tuple(sorted(val)),
+            )
+            for k, val in enumerate(vals)
+        )
+        scheme = "given"
+    return Split(
+        trainval_classes=tuple(int(c) for c in trainval),
+        test_classes=tuple(sorted(test)),
+        folds=folds,
+        scheme=scheme,
+        origin=origin,
+    )
+
+
+def _distinct(where: str, ids: Iterable[int], known: set[int]) -> set[int]:
+    """``ids`` as a set; a repeated or unknown id is a :class:`SplitError`."""
+    out: set[int] = set()
+    for c in ids:
+        c = int(c)
+        if c not in known:
+            raise SplitError(f"{where}: class {c} is not in the dataset")
+        if c in out:
+            raise SplitError(f"{where}: class {c} is listed twice")
+        out.add(c)
+    return out
 
 
 def _kfold_windows(N: int, n: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -19,8 +19,8 @@ from filelock import FileLock, Timeout
 
 from mlrc import __version__, data, store
 from mlrc.config import BUDGETS, ResolvedStudy, budgets, copy_budgets, identity
+from mlrc.config.splits import build_split
 from mlrc.data.base import ImageDataset
-from mlrc.protocol import mlrc_split
 from mlrc.protocol.splits import Split
 from mlrc.search.errors import StudyError
 from mlrc.search.tracking import Tracker, open_tracker
@@ -67,7 +67,8 @@ def protocol_of(r: ResolvedStudy) -> dict[str, Any]:
     the study seed, and the resolved preset without its budgets (``search``, ``test``: trials
     and reproductions add work, they do not change a fold) and without the runtime-only fields
     (speed, not numbers). The search space, enqueued points, BO sampler and pruner decide which
-    parameters are tried, not what a fold with given parameters computes."""
+    parameters are tried, not what a fold with given parameters computes. A custom split
+    (the study's ``split:``) is part of it too; without one the key is as before."""
     return protocol_of_fingerprint(r.fingerprint())
 
 
@@ -76,7 +77,7 @@ def protocol_of_fingerprint(fp: dict[str, Any]) -> dict[str, Any]:
     study, preset = fp["study"], dict(fp["preset"])
     for budget in ("search", "test"):
         preset.pop(budget, None)
-    return {
+    out = {
         "dataset": study["dataset"],
         "loss": study["loss"]["name"],
         "miner": (study.get("miner") or {}).get("name"),
@@ -85,6 +86,9 @@ def protocol_of_fingerprint(fp: dict[str, Any]) -> dict[str, Any]:
         "seed": study["search"]["seed"],
         "preset": preset,
     }
+    if fp.get("split") is not None:  # a custom split (absent from fingerprints without one)
+        out["split"] = fp["split"]
+    return out
 
 
 def protocol_key(r: ResolvedStudy) -> str:
@@ -186,15 +190,13 @@ def build_context(
     """Register (or check) the study and load its dataset and split, without any lock (for a
     process that works for a study someone else holds: a Ray trial or fold task)."""
     engine = engine or store.connect(url)
-    study_id = register_study(engine, resolved, budgets_used)
     ds = data.build(
         resolved.study.dataset.name,
         root=resolved.study.dataset.root,
         **resolved.study.dataset.params,
     )
-    split = mlrc_split(
-        ds.labels, n_folds=resolved.preset.folds, scheme=resolved.preset.split_scheme
-    )
+    split = split_of(resolved, ds)  # before registering: a bad split file stores nothing
+    study_id = register_study(engine, resolved, budgets_used)
     ctx = Context(
         resolved,
         url,
@@ -208,6 +210,18 @@ def build_context(
     )
     ctx.tracker = open_tracker(ctx)  # this process's handle on the study's tracked runs
     return ctx
+
+
+def split_of(resolved: ResolvedStudy, ds: ImageDataset) -> Split:
+    """The study's split of ``ds``: MLRC's (the preset's ``folds`` and ``split_scheme``), or
+    its ``split:`` (predefined or a split file) checked against the dataset's classes."""
+    return build_split(
+        resolved.split,
+        ds,
+        resolved.preset.folds,
+        resolved.preset.split_scheme,
+        f"{resolved.source or 'study'}: split",
+    )
 
 
 @contextmanager

@@ -116,4 +116,11 @@ def export_study_file(engine: Engine, name: str, new_name: str | None = None) ->
     doc["search"] = {"trials": 1, "seed": stored["search"]["seed"]}
     doc["test"] = {"reproductions": row.config["reproductions"]}
     doc["overrides"] = row.config["preset"]
+    split = row.config.get("split")  # a custom split: "predefined", or its content inline
+    if split is not None:
+        doc["split"] = (
+            "predefined"
+            if split["test"] == "predefined"
+            else {k: v for k, v in split.items() if v is not None}
+        )
     return doc

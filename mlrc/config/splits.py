@@ -1,0 +1,291 @@
+"""A study's ``split:``: the dataset's own train/test lists (``predefined``), a split file, or
+a split file's content inline (as ``mlrc study export`` writes it).
+
+A split file (YAML or JSON) names classes by the dataset's class names (``class_names``; a YAML
+integer such as ``7`` means the class named ``"7"``, never label 7)::
+
+    test: [A, B, C, ...]          # the test classes (≥ 2)
+    folds: [[a, b], [c, d], ...]  # the validation classes of each fold (≥ 2 folds, ≥ 2 each)
+
+or, instead of fold lists, ``scheme: mlrc | kfold`` (default: the preset's ``split_scheme``)
+and optionally ``folds: N`` (default: the preset's ``folds``) to cut the other classes into
+folds as :func:`mlrc.protocol.mlrc_split` cuts the first half. Train+val is every class not in
+``test``; a fold trains on the train+val classes it does not validate on.
+
+:func:`resolve_split` reads and checks the file when a study is resolved (everything that does
+not need the dataset: format, class names listed twice, overlaps, counts) and returns a
+:class:`ResolvedSplit`, which is part of the study's identity; :func:`build_split` checks it
+against the dataset (every name known) and returns the :class:`~mlrc.protocol.splits.Split`.
+Every mistake is one :class:`ConfigError` line: ``study.yaml: split: FILE: what is wrong``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from mlrc.config.load import ConfigError, did_you_mean, load_yaml, validate_model
+from mlrc.config.schema import Strict
+from mlrc.protocol.splits import SCHEMES, Split, SplitError, custom_split, mlrc_split
+
+if TYPE_CHECKING:
+    from mlrc.data.base import ImageDataset
+
+PREDEFINED = "predefined"
+
+# Datasets with train/test class lists of their own, and what those are.
+PREDEFINED_LISTS = {
+    "cub200": "classes 001–100 train, 101–200 test (the class-level split of the DML papers)",
+    "cars196": "classes 1–98 train, 99–196 test (the class-level split of the DML papers)",
+    "sop": "the classes of Ebay_train.txt (1–11318) train, of Ebay_test.txt (11319–22634) test",
+    "inshop": "the train items train, the query and gallery items test",
+}
+
+
+def _class_name(value: Any) -> str:
+    """A class name as written: a string, or an integer meaning the name it prints as."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError(f"a class name must be a string, got {value!r}")
+
+
+class SplitFile(Strict):
+    """The content of a split file (see the module's docstring)."""
+
+    test: list[Any]
+    folds: list[list[Any]] | int | None = None
+    scheme: Literal["kfold", "mlrc"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        """An unknown key first (a misspelt ``test`` is not "test: Field required")."""
+        if isinstance(data, dict):
+            for key in data:
+                if key not in cls.model_fields:
+                    raise ValueError(f"unknown key {key!r}{did_you_mean(key, cls.model_fields)}")
+        return data
+
+    @field_validator("test")
+    @classmethod
+    def _test_names(cls, v: list[Any]) -> list[str]:
+        return [_class_name(x) for x in v]
+
+    @field_validator("folds", mode="before")
+    @classmethod
+    def _fold_names(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("expected a list of validation class lists or a number of folds")
+        if isinstance(v, list):
+            if not all(isinstance(f, list) for f in v):
+                raise ValueError("expected a list of validation class lists, one per fold")
+            return [[_class_name(x) for x in f] for f in v]
+        return v
+
+    @model_validator(mode="after")
+    def _one_way(self) -> SplitFile:
+        if isinstance(self.folds, list) and self.scheme is not None:
+            raise ValueError("give either folds as validation class lists or a scheme, not both")
+        return self
+
+
+class ResolvedSplit(Strict):
+    """A study's split as it defines the numbers: the test classes (names, sorted, or
+    ``"predefined"``) and the folds (validation class names per fold, each sorted, or a
+    number of folds for ``scheme``). Where the file is (``file``) is not part of it."""
+
+    test: list[str] | Literal["predefined"]
+    folds: list[list[str]] | int
+    scheme: Literal["kfold", "mlrc"] | None = None
+    file: str | None = Field(None, exclude=True)  # the split file as written, for messages
+
+
+def resolve_split(
+    value: str | dict[str, Any] | None,
+    dataset: str,
+    n_folds: int,
+    scheme: str,
+    where: str = "study: split",
+    base: Path | None = None,
+) -> ResolvedSplit | None:
+    """``split:`` of a study (None, ``predefined``, a file path, relative to ``base``: the
+    study file's folder, or a file's content inline) read and checked as far as it can be
+    without the dataset; ``n_folds`` and ``scheme`` are the defaults (the preset's ``folds``
+    and ``split_scheme``). Errors start with ``where`` (``"study.yaml: split"``)."""
+    if value is None:
+        return None
+    if scheme not in SCHEMES:
+        raise ConfigError(f"{where}: unknown scheme {scheme!r}")
+    if isinstance(value, dict):  # inline (an exported study file carries its split so)
+        return _resolve_content(value, n_folds, scheme, where, None)
+    if not value:
+        raise ConfigError(f"{where}: expected 'predefined' or a split file's path, got ''")
+    if value == PREDEFINED:
+        if dataset not in PREDEFINED_LISTS:
+            raise ConfigError(
+                f"{where}: predefined: dataset {dataset!r} has no train/test lists of its "
+                f"own (only {', '.join(PREDEFINED_LISTS)} have); give a split file instead"
+            )
+        return ResolvedSplit(test=PREDEFINED, folds=n_folds, scheme=scheme)  # type: ignore[arg-type]
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = (base if base is not None else Path.cwd()) / path
+    where = f"{where}: {value}"
+    if not path.is_file():
+        raise ConfigError(f"{where}: no such file (looked for {path.resolve()})")
+    try:
+        data = _load_json(path) if path.suffix.lower() == ".json" else load_yaml(path)
+    except ConfigError as e:  # "<path>: problem" → "study: split: <value>: problem"
+        raise ConfigError(f"{where}: {str(e).removeprefix(f'{path}: ')}") from None
+    return _resolve_content(data, n_folds, scheme, where, value)
+
+
+def _resolve_content(
+    data: Any, n_folds: int, scheme: str, where: str, file: str | None
+) -> ResolvedSplit:
+    """A split file's content checked (everything but the class names) and resolved."""
+    spec = validate_model(SplitFile, data, where)
+    if isinstance(spec.folds, list):
+        _check_lists(spec.test, spec.folds, where)
+        folds: list[list[str]] | int = [sorted(f) for f in spec.folds]
+    else:
+        _check_lists(spec.test, [], where)
+        folds = spec.folds if spec.folds is not None else n_folds
+        if folds < 2:
+            raise ConfigError(f"{where}: folds: at least 2 folds are needed, got {folds}")
+    return ResolvedSplit(
+        test=sorted(spec.test),
+        folds=folds,
+        scheme=None if isinstance(folds, list) else (spec.scheme or scheme),  # type: ignore[arg-type]
+        file=file,
+    )
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"{path}: line {e.lineno}, column {e.colno}: malformed JSON ({e.msg})"
+        ) from None
+
+
+def _check_lists(test: list[str], folds: list[list[str]], where: str) -> None:
+    """Counts and disjointness of the named classes: ≥ 2 test classes, ≥ 2 folds of ≥ 2
+    validation classes each, no class named twice (within a list or across lists)."""
+    if len(test) < 2:
+        raise ConfigError(f"{where}: test: the test set needs at least 2 classes, got {len(test)}")
+    if folds and len(folds) < 2:
+        raise ConfigError(f"{where}: folds: at least 2 folds are needed, got {len(folds)}")
+    seen: dict[str, str] = {}
+    for part, names in [("test", test), *((f"folds.{k}", f) for k, f in enumerate(folds))]:
+        if part != "test" and len(names) < 2:
+            raise ConfigError(
+                f"{where}: {part}: every fold needs at least 2 validation classes, got {len(names)}"
+            )
+        for name in names:
+            if name in seen:
+                also = "listed twice" if seen[name] == part else f"also in {seen[name]}"
+                raise ConfigError(f"{where}: {part}: class {name!r} is {also}")
+            seen[name] = part
+
+
+def predefined_test_classes(ds: ImageDataset) -> list[int]:
+    """The test class ids of the dataset's own train/test lists (:data:`PREDEFINED_LISTS`);
+    a ValueError when the dataset has none or its classes do not fit them."""
+    names = ds.class_names
+    if ds.name == "cub200":
+        numbers = [n.split(".", 1)[0] for n in names]
+        if not all(x.isdigit() for x in numbers):
+            bad = next(n for n, x in zip(names, numbers, strict=True) if not x.isdigit())
+            raise ValueError(f"cub200: class folder {bad!r} does not start with its number")
+        return [c for c, x in enumerate(numbers) if int(x) > 100]
+    if ds.name == "cars196":
+        if ds.num_classes != 196:  # labels are the class ids 1..196 renumbered from 0
+            raise ValueError(
+                f"cars196: the predefined split needs 196 classes, got {ds.num_classes}"
+            )
+        return list(range(98, 196))
+    if ds.name == "sop":
+        return [c for c, n in enumerate(names) if n.isdigit() and int(n) > 11318]
+    if ds.name == "inshop":
+        partition = getattr(ds, "partition", None)
+        if partition is None:
+            raise ValueError("inshop: the dataset has no train/query/gallery partition")
+        test = {int(lab) for lab, p in zip(ds.labels, partition, strict=True) if p != "train"}
+        return sorted(test)
+    raise ValueError(f"dataset {ds.name!r} has no train/test lists of its own")
+
+
+def build_split(
+    spec: ResolvedSplit | None,
+    ds: ImageDataset,
+    n_folds: int,
+    scheme: str,
+    where: str = "study: split",
+) -> Split:
+    """The :class:`Split` of ``ds``: MLRC's (``n_folds``, ``scheme``) when ``spec`` is None,
+    else the study's split with every class name checked against the dataset (errors start
+    with ``where``)."""
+    if spec is None:
+        return mlrc_split(ds.labels, n_folds=n_folds, scheme=scheme)
+    if spec.test == PREDEFINED:
+        where = f"{where}: {PREDEFINED}"
+        try:
+            test = predefined_test_classes(ds)
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        val = None
+        origin = f"{ds.name}'s own train/test lists"
+    else:
+        where = f"{where}: {spec.file}" if spec.file else where
+        index = _name_index(ds, where)
+        test = _labels(spec.test, index, ds, f"{where}: test")
+        val = (
+            [_labels(f, index, ds, f"{where}: folds.{k}") for k, f in enumerate(spec.folds)]
+            if isinstance(spec.folds, list)
+            else None
+        )
+        origin = spec.file or "the study file"
+    try:
+        return custom_split(
+            ds.labels,
+            test,
+            val,
+            n_folds=spec.folds if isinstance(spec.folds, int) else 0,
+            scheme=spec.scheme or scheme,
+            origin=origin,
+        )
+    except SplitError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _name_index(ds: ImageDataset, where: str) -> dict[str, int]:
+    index: dict[str, int] = {}
+    for label, name in enumerate(ds.class_names):
+        if name in index:
+            raise ConfigError(
+                f"{where}: {ds.name} has two classes named {name!r}; it cannot be split by name"
+            )
+        index[name] = label
+    return index
+
+
+def _labels(names: list[str], index: dict[str, int], ds: ImageDataset, where: str) -> list[int]:
+    out = []
+    for name in names:
+        if name not in index:
+            raise ConfigError(
+                f"{where}: {name!r} is not a class of {ds.name}{did_you_mean(name, index)}"
+            )
+        out.append(index[name])
+    return out
