@@ -446,3 +446,16 @@ def test_budget_options_are_checked(tmp_path, args, line):
     r = cli("study", cmd, study_file(tmp_path), "--storage", url, "--artifacts", tmp_path, *args,
             code=2)  # fmt: skip
     assert r.output.strip().startswith(line) and len(r.output.strip().splitlines()) == 1
+
+
+def test_gc_never_creates_a_store_and_export_never_creates_folders(tmp_path, kept_best):
+    url, art = kept_best
+    missing = tmp_path / "typo.db"
+    r = cli("gc", "--storage", f"sqlite:///{missing}", "--artifacts", art, code=2)
+    assert r.output.strip().startswith(f"error: sqlite:///{missing}: no such database file")
+    assert not missing.exists()
+    out = tmp_path / "no" / "such" / "m.pt"
+    r = cli("study", "export-model", "r", "--storage", url, "--artifacts", art, "--out", out,
+            code=2)  # fmt: skip
+    assert r.output.strip() == f"error: --out {out}: no such directory {out.parent}"
+    assert not (tmp_path / "no").exists()

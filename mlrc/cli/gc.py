@@ -44,7 +44,7 @@ def gc(
     if not Path(artifacts).is_dir():
         fail(f"--artifacts {artifacts}: no such directory")
     with user_errors():
-        engine = store.connect(storage, read_only=dry_run)
+        engine = store.connect(storage, read_only=True)  # an existing store (never created)
         done = collect(engine, Path(artifacts), study or None, keep, dry_run)
     verb = "would free" if dry_run else "freed"
     table = Table(title=f"mlrc gc{' --dry-run' if dry_run else ''}: {artifacts}")

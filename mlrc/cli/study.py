@@ -265,6 +265,8 @@ def study_export_model(
         fail(f"--dim: expected 128 or 512 (got {dim!r})")
     if fmt not in ("state-dict", "export"):
         fail(f"--format: expected state-dict or export (got {fmt!r})")
+    if not out.parent.is_dir():
+        fail(f"--out {out}: no such directory {out.parent}")
     with user_errors():
         name = load_study(study).study.name if study.endswith((".yaml", ".yml")) else study
         engine = store.connect(storage, read_only=True)

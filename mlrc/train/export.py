@@ -72,7 +72,6 @@ def export_model(
             "input_range": float(spec["input_range"]),
         },
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "state-dict":
         torch.save({**info, "state_dict": module.state_dict()}, out)
     elif fmt == "export":
