@@ -337,7 +337,7 @@ class MlflowTracker(_BestEffort):
             "sampler": r.sampler,
             "pruner": r.pruner,
             "seed": r.study.search.seed,
-            "folds": r.preset.folds,
+            "folds": len(ctx.split.folds),  # a split file may set another number
             "trunk": r.preset.trunk,
             **{f"fixed.{k}": v for k, v in r.fixed.items()},
         }
