@@ -246,7 +246,10 @@ def test_processes_share_the_study_and_trial_runs(tmp_path, mlflow, monkeypatch)
     from mlrc.train import EpochRecord
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ctx = SimpleNamespace(resolved=load_study(write_study(tmp_path, "pool")))
+    ctx = SimpleNamespace(
+        resolved=load_study(write_study(tmp_path, "pool")),
+        split=SimpleNamespace(folds=[0, 1, 2, 3]),  # what the study run reads of the split
+    )
     a, b = MlflowTracker(uri), MlflowTracker(uri)
     a.start_study(ctx)
     real, looks = MlflowTracker._oldest, []
