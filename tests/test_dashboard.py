@@ -48,7 +48,7 @@ XSS = (
     "non-finite loss at iteration 3 <script>window.__xss=1</script>"
     '<img src=x onerror="window.__xss=2"> & "q"'
 )
-CHARTS_PER_STUDY = ("history", "importance", "parallel", "slice", "folds")
+CHARTS_PER_STUDY = ("history", "importance", "parallel", "slice", "folds", "retrieval-map")
 
 
 def dash(*args: str, ok: bool = True):

@@ -2,8 +2,10 @@
 
 Modules: :mod:`~mlrc.protocol.splits` (class-disjoint folds), :mod:`~mlrc.protocol.metrics`
 (MAP@R, R-Precision, P@1), :mod:`~mlrc.protocol.knn` (the exact k-NN search they read),
-:mod:`~mlrc.protocol.stats` (confidence intervals) and :mod:`~mlrc.protocol.analysis` (Recall@k,
-NMI, mAP@1000, ρ, π_ratio, utilization; imported on its own: it needs faiss and sklearn).
+:mod:`~mlrc.protocol.stats` (confidence intervals), :mod:`~mlrc.protocol.analysis` (Recall@k,
+NMI, mAP@1000, ρ, π_ratio, utilization; imported on its own: it needs faiss and sklearn) and
+:mod:`~mlrc.protocol.retrieval` (the dashboard's sample retrievals and embedding map; imported on
+its own).
 """
 
 from mlrc.protocol.knn import exact_knn, exact_neighbours, ranked_vectors

@@ -1,8 +1,10 @@
 """Plotly dashboards of the store: one self-contained HTML file, or the same page served live.
 
 Everything shown is read from the store only — mlrc's tables (``mlrc_trial``, ``mlrc_fold_run``,
-``mlrc_epoch_metric``, ``mlrc_test_result``, ``mlrc_campaign_study``) and Optuna's tables in the
-same database (hyperparameter importance, slice and parallel-coordinate plots). Per study:
+``mlrc_epoch_metric``, ``mlrc_test_result``, ``mlrc_campaign_study``, ``mlrc_retrieval_view``)
+and Optuna's tables in the same database (hyperparameter importance, slice and
+parallel-coordinate plots); the one exception is the retrieval view's thumbnails, read from the
+study's dataset. Per study:
 
 - optimisation history: each complete trial's mean validation MAP@R over its folds ± SEM, the
   best-so-far line, failed, pruned and running trials as dotted vertical lines; trials scored 0
@@ -13,7 +15,11 @@ same database (hyperparameter importance, slice and parallel-coordinate plots). 
 - per-fold validation MAP@R curves of the search folds, each fold's best (early-stopping) epoch
   marked with a star;
 - the trial table: state, value ± SEM, parameters, folds done, best epochs, failure reasons
-  (a trial scored 0 for a non-finite loss is flagged, with its reason).
+  (a trial scored 0 for a non-finite loss is flagged, with its reason);
+- the retrieval view of its best reproduction (``mlrc_retrieval_view``, written by the test
+  stage): sample test queries with their nearest test images, green/red bordered for the same or
+  another class, thumbnails read from the dataset and embedded as ``data:`` URIs (a dataset that
+  cannot be opened here is one line instead), and the 2-D map of the test embeddings by class.
 
 Per campaign (``--campaign``), or else for every selected study with test results: test MAP@R
 (%) with 95% t-interval error bars per loss and dataset, separated (128-D) vs concatenated

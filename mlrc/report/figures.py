@@ -1,6 +1,7 @@
 """The dashboard's Plotly figures: a study's optimisation history and per-fold validation curves,
-the test results of the selected studies, and Optuna's importance, slice and parallel-coordinate
-plots (:class:`OptunaFigures`, read from Optuna's tables in the same store).
+the 2-D map of its best reproduction's test embeddings (retrieval view), the test results of the
+selected studies, and Optuna's importance, slice and parallel-coordinate plots
+(:class:`OptunaFigures`, read from Optuna's tables in the same store).
 
 Every string from the store that goes into a label is escaped first (:func:`label`).
 """
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlrc import store
 from mlrc.errors import first_line
-from mlrc.report.snapshot import FoldCurve, StudyData, TrialRow
+from mlrc.report.snapshot import FoldCurve, Retrieval, StudyData, TrialRow
 from mlrc.report.tables import row_label, with_defaults
 from mlrc.store.snapshot import has_optuna_tables
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
 __all__ = [
+    "MAP_LEGEND_CLASSES",
     "MAX_VISIBLE_TRIALS",
     "MODE_COLORS",
     "MODE_LABELS",
@@ -34,6 +36,7 @@ __all__ = [
     "history_figure",
     "label",
     "layout",
+    "retrieval_map_figure",
     "test_figure",
 ]
 
@@ -41,6 +44,8 @@ MODE_LABELS = {"separated": "separated (128-D)", "concatenated": "concatenated (
 MODE_COLORS = {"separated": "#4C78A8", "concatenated": "#F58518"}
 MAX_VISIBLE_TRIALS = 8  # fold curves: beyond this many trials only the best are drawn at first
 OPTUNA_KINDS = ("importance", "slice", "parallel")
+MAP_LEGEND_CLASSES = 20  # the embedding map: one legend entry per class up to this many classes
+MAP_METHODS = {"pca": "PCA", "umap": "UMAP", "tsne": "t-SNE"}
 
 
 def label(value: Any) -> str:
@@ -254,6 +259,94 @@ def _best_epoch_trace(c: FoldCurve, name: str, color: str, visible: bool | str) 
         meta={"role": "best_epoch", "trial": c.trial, "fold": c.fold},
         hovertemplate=f"{name}, fold {c.fold}: best epoch %{{x}}, val MAP@R "
         f"%{{y:.4f}} (stopped after epoch {c.epochs[-1]})<extra></extra>",
+    )
+
+
+# --- retrieval view: the embedding map ---------------------------------------------------------
+
+
+def retrieval_map_figure(view: Retrieval) -> go.Figure | None:
+    """The stored 2-D map of the test embeddings, one colour per class (a legend entry per class
+    up to :data:`MAP_LEGEND_CLASSES` classes, else one trace coloured by class without legend),
+    the view's sample queries as black-edged stars. None without map points."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative, sample_colorscale
+
+    m = view.data.get("map") or {}
+    xs, ys, labels = m.get("x") or [], m.get("y") or [], m.get("label") or []
+    index = m.get("index") or [None] * len(xs)
+    if not xs:
+        return None
+    classes = sorted(set(labels))
+    names = {
+        it["label"]: it.get("name", it["label"])
+        for q in view.data.get("queries", [])
+        for it in (q, *q.get("neighbours", []))
+    }
+    hover = [
+        f"class {label(names.get(c, c))}<br>item {i}" for c, i in zip(labels, index, strict=True)
+    ]
+    fig = go.Figure()
+    if len(classes) <= MAP_LEGEND_CLASSES:
+        palette = qualitative.Dark24
+        for n, c in enumerate(classes):
+            pts = [j for j, lab in enumerate(labels) if lab == c]
+            fig.add_trace(
+                go.Scatter(
+                    x=[xs[j] for j in pts],
+                    y=[ys[j] for j in pts],
+                    mode="markers",
+                    name=f"class {label(names.get(c, c))}",
+                    marker={"size": 6, "color": palette[n % len(palette)], "opacity": 0.8},
+                    text=[hover[j] for j in pts],
+                    hoverinfo="text",
+                    meta={"role": "class", "label": c},
+                )
+            )
+    else:
+        rank = {c: n for n, c in enumerate(classes)}
+        colours = sample_colorscale("Turbo", [rank[c] / max(len(classes) - 1, 1) for c in labels])
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="markers",
+                name="test items",
+                marker={"size": 5, "color": colours, "opacity": 0.8},
+                text=hover,
+                hoverinfo="text",
+                showlegend=False,
+                meta={"role": "points"},
+            )
+        )
+    at = {i: j for j, i in enumerate(index) if i is not None}
+    queries = [q for q in view.data.get("queries", []) if q["index"] in at]
+    if queries:
+        fig.add_trace(
+            go.Scatter(
+                x=[xs[at[q["index"]]] for q in queries],
+                y=[ys[at[q["index"]]] for q in queries],
+                mode="markers",
+                name="sample queries",
+                marker={
+                    "symbol": "star",
+                    "size": 14,
+                    "color": "white",
+                    "line": {"color": "black", "width": 1.5},
+                },
+                text=[f"query {n + 1}: {hover[at[q['index']]]}" for n, q in enumerate(queries)],
+                hoverinfo="text",
+                meta={"role": "queries"},
+            )
+        )
+    method = MAP_METHODS.get(m.get("method"), str(m.get("method")))
+    return layout(
+        fig,
+        height=480,
+        xaxis_title=f"{method} 1",
+        yaxis_title=f"{method} 2",
+        showlegend=True,
+        legend={"itemsizing": "constant"},
     )
 
 

@@ -17,8 +17,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from mlrc.report import tables
-from mlrc.report.figures import OptunaFigures, fold_curves_figure, history_figure, test_figure
-from mlrc.report.snapshot import FoldCurve, Snapshot, StudyData, TrialRow
+from mlrc.report.figures import (
+    OptunaFigures,
+    fold_curves_figure,
+    history_figure,
+    retrieval_map_figure,
+    test_figure,
+)
+from mlrc.report.snapshot import FoldCurve, Retrieval, Snapshot, StudyData, TrialRow
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -174,6 +180,7 @@ def _study_section(study: StudyData, index: int, optuna_figs: OptunaFigures) -> 
         facts=" · ".join(f for f in _facts(study) if f),
         best=_best_line(study),
         views=views,
+        retrieval=_retrieval_view(study, sid),
     )
 
 
@@ -277,6 +284,77 @@ def _folds_view(study: StudyData, sid: str) -> str:
         "checkpoint early stopping keeps. Click a legend entry to show or hide a trial."
     )
     return _figure_html(fig, f"{sid}-folds", "folds", study.name, caption)
+
+
+# --- a study's retrieval view ------------------------------------------------------------------
+
+
+def _retrieval_view(study: StudyData, sid: str) -> str:
+    """The retrieval view of the study's best reproduction: its sample queries, each with its k
+    nearest test images (green border: same class, red: another), and the embedding map ("":
+    no view stored)."""
+    view = study.retrieval
+    if view is None:
+        return ""
+    fig = retrieval_map_figure(view)
+    method = (view.data.get("map") or {}).get("method", "")
+    if fig is None:
+        chart = _note("retrieval-map", "No embedding map stored for this reproduction.")
+    else:
+        n, shown = view.data.get("n"), len((view.data.get("map") or {}).get("x") or [])
+        caption = (
+            f"The test embeddings (512-D, L2-normalised) in 2-D by {esc(method.upper())}: "
+            f"{shown} of {n} test images, coloured by class; stars: the sample queries."
+        )
+        chart = _figure_html(fig, f"{sid}-retrieval-map", "retrieval-map", study.name, caption)
+    return template("retrieval.html").substitute(
+        name=esc(study.name),
+        reproduction=view.reproduction,
+        map_at_r=_fmt(view.map_at_r),
+        queries=_retrieval_grid(view),
+        map=chart,
+    )
+
+
+def _retrieval_grid(view: Retrieval) -> str:
+    """One row per sample query: its image, then its k nearest other test images in order."""
+    queries = view.data.get("queries") or []
+    if not queries:
+        return _note("retrieval", "No sample queries stored for this reproduction.")
+    if view.unavailable or not view.images:
+        return _note("retrieval", f"No thumbnails: {view.unavailable or 'no images'}.")
+    k = max(len(q.get("neighbours", [])) for q in queries)
+    head = "<tr><th>query</th><th></th>" + "".join(f"<th>{j}</th>" for j in range(1, k + 1))
+    rows = [
+        f'<tr data-query="{int(q["index"])}">{_thumb(view, q, "query")}<td class="arrow">→</td>'
+        + "".join(
+            _thumb(view, nb, "same" if nb.get("same") else "different")
+            for nb in q.get("neighbours", [])
+        )
+        + "</tr>"
+        for q in queries
+    ]
+    caption = (
+        f"Sample test queries (one per class, seeded) and their {k} nearest other test images "
+        "by the 512-D embedding, nearest first; border green: same class as the query, red: "
+        "another class."
+    )
+    return (
+        f'<table class="retrieval">{head}</tr>{"".join(rows)}</table>'
+        f"<figcaption>{caption}</figcaption>"
+    )
+
+
+def _thumb(view: Retrieval, item: dict, kind: str) -> str:
+    """One thumbnail cell: the image (its border says ``kind``) and its class name."""
+    index, name = int(item["index"]), item.get("name", item.get("label"))
+    same = "" if kind == "query" else f' data-same="{str(kind == "same").lower()}"'
+    title = f"{'query' if kind == 'query' else kind + ' class'}: {name} (item {index})"
+    return (
+        f'<td><img class="{kind}" src="{view.images[index]}" alt="{esc(name)}" '
+        f'title="{esc(title)}" data-index="{index}" data-label="{esc(item.get("label"))}"{same}>'
+        f'<div class="cls">{esc(name)}</div></td>'
+    )
 
 
 # --- pieces ------------------------------------------------------------------------------------

@@ -1,17 +1,26 @@
 """What one dashboard page shows, read from the store in one go: a :class:`Snapshot` of the
 selected studies (:class:`StudyData`: their trials as :class:`TrialRow`, their search fold runs as
-:class:`FoldCurve`) and the test-result summary of :mod:`mlrc.report.tables`.
+:class:`FoldCurve`, the retrieval view of their best reproduction as :class:`Retrieval`) and the
+test-result summary of :mod:`mlrc.report.tables`.
 
-The queries are :mod:`mlrc.store.snapshot`'s; this module only shapes their rows.
+The queries are :mod:`mlrc.store.snapshot`'s; this module only shapes their rows. The one other
+source is the dataset, for the retrieval view's thumbnails (:func:`thumbnails`): opened from the
+study's stored configuration on the machine that builds the page, if it can be.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import functools
+import io
+import json
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mlrc import store
+from mlrc import data, store
+from mlrc.errors import first_line
 from mlrc.report.tables import collect, is_nonfinite, select_studies, summarize
 from mlrc.store.snapshot import StoredStudies, read_studies
 
@@ -19,13 +28,19 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
 __all__ = [
+    "THUMBNAIL_PX",
     "FoldCurve",
+    "Retrieval",
     "Snapshot",
     "StudyData",
     "TrialRow",
     "open_store",
     "read",
+    "thumbnails",
 ]
+
+THUMBNAIL_PX = 64  # the longer side of a retrieval view's thumbnails
+log = logging.getLogger("mlrc")
 
 
 @dataclass
@@ -63,6 +78,19 @@ class FoldCurve:
 
 
 @dataclass
+class Retrieval:
+    """The retrieval view of a study's best reproduction (stored by the test stage, see
+    :class:`mlrc.store.RetrievalView`) and its thumbnails: dataset index → ``data:`` URI; empty,
+    with ``unavailable`` saying why, when the dataset cannot be opened here."""
+
+    reproduction: int
+    map_at_r: float  # its concatenated (512-D) test MAP@R
+    data: dict
+    images: dict[int, str] = field(default_factory=dict)
+    unavailable: str | None = None
+
+
+@dataclass
 class StudyData:
     """One study's section of the page: what it is, its trials and its search fold curves."""
 
@@ -78,6 +106,7 @@ class StudyData:
     trials: list[TrialRow]
     curves: list[FoldCurve]
     reproductions: int
+    retrieval: Retrieval | None = None
 
 
 @dataclass
@@ -146,6 +175,7 @@ def _study_data(stored: StoredStudies) -> list[StudyData]:
             _with_trial_numbers(trials[st.id], list(curves[st.id].values())),
             list(curves[st.id].values()),
             stored.reproductions.get(st.id, 0),
+            _retrieval(stored.retrieval.get(st.id), st.config),
         )
         for st in stored.studies
     ]
@@ -193,3 +223,61 @@ def _budget(config: dict | None) -> int | None:
         ) or None
     except (KeyError, TypeError, AttributeError):
         return None
+
+
+def _retrieval(row: Any, config: dict | None) -> Retrieval | None:
+    """A study's stored retrieval view with its thumbnails (None: no view stored)."""
+    if row is None:
+        return None
+    view = Retrieval(row.reproduction, row.map_at_r, row.data)
+    wanted = [q["index"] for q in row.data.get("queries", [])]
+    wanted += [n["index"] for q in row.data.get("queries", []) for n in q.get("neighbours", [])]
+    try:
+        ref = config["study"]["dataset"]
+    except (KeyError, TypeError):
+        view.unavailable = "the study's stored configuration names no dataset"
+        return view
+    view.images, view.unavailable = thumbnails(ref, wanted)
+    return view
+
+
+def thumbnails(ref: dict, indices: list[int]) -> tuple[dict[int, str], str | None]:
+    """Thumbnails (≤ :data:`THUMBNAIL_PX` px, PNG or JPEG, whichever is smaller, as ``data:``
+    URIs) of the items ``indices`` of the dataset ``ref`` (a study's ``dataset``: name, root,
+    params); ``({}, why)`` when the dataset or one of the images cannot be read here."""
+    key = json.dumps(ref, sort_keys=True, default=str)
+    try:
+        return {i: _thumbnail(key, int(i)) for i in dict.fromkeys(indices)}, None
+    except Exception as e:  # noqa: BLE001 — any dataset trouble: the page says so in one line
+        name = ref.get("name", "?") if isinstance(ref, dict) else "?"
+        log.debug("retrieval thumbnails of %s: %s", name, e)
+        return {}, f"dataset {name!r} cannot be read on this machine: {first_line(e)}"
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(key: str) -> data.ImageDataset:
+    """The dataset of a study's stored ``dataset`` (as JSON), kept for the next pages."""
+    ref = json.loads(key)
+    return data.build(ref["name"], root=ref.get("root"), **(ref.get("params") or {}))
+
+
+@functools.lru_cache(maxsize=8192)
+def _thumbnail(key: str, index: int) -> str:
+    """Item ``index`` of the dataset ``key`` as a small image ``data:`` URI."""
+    from PIL import Image
+
+    ds = _dataset(key)
+    if not 0 <= index < len(ds):
+        raise IndexError(f"image {index} is not in the dataset ({len(ds)} images)")
+    im = ds.load_image(index).convert("RGB")
+    im.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX), Image.Resampling.LANCZOS)
+    encoded = []
+    for fmt, mime, options in (
+        ("PNG", "png", {"optimize": True}),
+        ("JPEG", "jpeg", {"quality": 85}),
+    ):
+        buf = io.BytesIO()
+        im.save(buf, format=fmt, **options)
+        encoded.append((len(buf.getvalue()), mime, buf.getvalue()))
+    _, mime, raw = min(encoded)
+    return f"data:image/{mime};base64,{base64.b64encode(raw).decode('ascii')}"

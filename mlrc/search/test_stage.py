@@ -4,6 +4,7 @@ concatenated (512-D), beside the untrained baseline."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -11,8 +12,10 @@ import optuna
 from optuna.trial import TrialState
 
 from mlrc import store
+from mlrc.errors import first_line
 from mlrc.protocol import concatenate_embeddings, retrieval_metrics
 from mlrc.protocol.analysis import analysis_metrics, metrix_utilization
+from mlrc.protocol.retrieval import retrieval_view
 from mlrc.search import retention
 from mlrc.search.baseline import ensure_baseline, view_of_test_classes
 from mlrc.search.context import Context
@@ -20,6 +23,10 @@ from mlrc.search.errors import StudyError
 from mlrc.search.folds import run_fold
 from mlrc.store import trials
 from mlrc.train import View, embed, load_model
+
+log = logging.getLogger("mlrc")
+# The dashboard's retrieval view of a reproduction (mlrc.protocol.retrieval.retrieval_view).
+VIEW_QUERIES, VIEW_K, VIEW_MAP_POINTS = 8, 5, 2000
 
 
 def best_params(ctx: Context) -> dict[str, Any]:
@@ -84,7 +91,7 @@ def _test_reproduction(ctx: Context, params: dict[str, Any], rep: int) -> str | 
     """Train and test reproduction ``rep``; its rows are stored together, or a failed fold's
     message is returned."""
     p = ctx.resolved.preset
-    embeddings, seen, labels, rows = [], [], None, []
+    embeddings, seen, labels, rows, test_view = [], [], None, [], None
     trainval = View(ctx.dataset, ctx.split.trainval_classes, None)
     for fold in ctx.split.folds:
         res = run_fold(ctx, "test", params, rep, fold.index, None)
@@ -92,9 +99,8 @@ def _test_reproduction(ctx: Context, params: dict[str, Any], rep: int) -> str | 
             return f"reproduction {rep}, fold {fold.index}: {res.reason}"
         model = load_model(p, res.checkpoint, ctx.device)
         spec_in = model.trunk.input_spec
-        emb, labels = embed(
-            model, view_of_test_classes(ctx, spec_in), p.eval_batch_size, ctx.device, p.num_workers
-        )
+        test_view = view_of_test_classes(ctx, spec_in)
+        emb, labels = embed(model, test_view, p.eval_batch_size, ctx.device, p.num_workers)
         trainval.transform = view_of_test_classes(ctx, spec_in).transform
         tv_emb, tv_lab = embed(model, trainval, p.eval_batch_size, ctx.device, p.num_workers)
         embeddings.append(emb)
@@ -108,7 +114,28 @@ def _test_reproduction(ctx: Context, params: dict[str, Any], rep: int) -> str | 
     rows.append(
         ("concatenated", -1, _test_metrics(ctx, joined, labels, concatenate_embeddings(seen)))
     )
-    trials.record_reproduction(ctx.engine, ctx.study_id, rep, params, rows)
+    view = _retrieval_view(ctx, joined, test_view, rep)
+    trials.record_reproduction(ctx.engine, ctx.study_id, rep, params, rows, view)
     retention.collect(ctx)  # its folds' checkpoints are read no more (kept under keep: best)
     ctx.tracker.reproduction_finished(rep, params, rows)
     return None
+
+
+def _retrieval_view(ctx: Context, joined: np.ndarray, view: View, rep: int) -> dict | None:
+    """The dashboard's retrieval view of reproduction ``rep`` from its 512-D test embeddings
+    ``joined`` (rows = the items of ``view``), seeded by (study seed, ``rep``); None, with a
+    warning, when it cannot be computed (the reproduction's results are stored anyway)."""
+    try:
+        return retrieval_view(
+            joined,
+            ctx.dataset.labels[view.indices],
+            view.indices,
+            ctx.dataset.class_names,
+            n_queries=VIEW_QUERIES,
+            k=VIEW_K,
+            max_points=VIEW_MAP_POINTS,
+            seed=[ctx.resolved.study.search.seed, rep],
+        )
+    except Exception as e:  # noqa: BLE001 — a picture for the dashboard, never worth a result
+        log.warning("reproduction %d: no retrieval view for the dashboard (%s)", rep, first_line(e))
+        return None

@@ -40,6 +40,7 @@ REVISIONS = {
     2: "schema_2",
     3: "schema_3",
     4: "schema_4",
+    5: "schema_5",
 }  # mlrc_meta.schema_version -> Alembic revision
 HEAD = REVISIONS[SCHEMA_VERSION]
 MIGRATIONS = Path(__file__).with_name("migrations")  # env.py and versions/, package data

@@ -2,7 +2,8 @@
 
 Tables (prefix ``mlrc_``): ``study``, ``trial``, ``fold_run``, ``epoch_metric``, ``test_result``,
 ``baseline`` + ``study_baseline`` (the untrained "Pretrained" row), ``campaign_study`` (which
-studies a campaign holds), ``meta`` (schema version). Metric columns are fractions in [0, 1].
+studies a campaign holds), ``study_history``, ``retrieval_view`` (the dashboard's sample
+retrievals and embedding map of a reproduction), ``meta`` (schema version). Metric columns are fractions in [0, 1].
 Every write is idempotent: rows have natural unique keys and are upserted, so re-running
 finished work writes nothing new.
 
@@ -25,8 +26,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Written to mlrc_meta.schema_version, which older mlrc releases check: they refuse a store of a
 # newer version. 2: test_result.extra (analysis metrics); 3: fold_run.objective/code_version and
-# the baseline tables. Each version is an Alembic revision (mlrc.store.migrate.REVISIONS).
-SCHEMA_VERSION = 4
+# the baseline tables; 4: the study history and fold_run.threads; 5: the retrieval views. Each
+# version is an Alembic revision (mlrc.store.migrate.REVISIONS).
+SCHEMA_VERSION = 5
 
 
 class Base(DeclarativeBase):
@@ -149,6 +151,24 @@ class TestResult(Base):
     # analysis metrics beside MAP@R: recall_at_1/2/4/8, nmi, map_at_1000 (fractions),
     # spectral_decay, pi_ratio, metrix_utilization (squared distance on unit vectors)
     extra: Mapped[dict | None] = mapped_column(JSON)
+
+
+class RetrievalView(Base):
+    """What the dashboard's retrieval view shows of one tested reproduction, computed by the test
+    stage from the 512-D concatenated test embeddings while they exist (checkpoints may be
+    deleted right after): sample queries with their k nearest test items, and a 2-D map of the
+    test embeddings. ``data`` (JSON): ``{"k", "n", "queries": [{"index", "label", "name",
+    "neighbours": [{"index", "label", "name", "same"}, ...]}, ...], "map": {"method", "index",
+    "x", "y", "label"}}``; ``index`` is a dataset index, ``label`` a dataset class label
+    (see :func:`mlrc.protocol.retrieval.retrieval_view`). Schema 5."""
+
+    __tablename__ = "mlrc_retrieval_view"
+    __table_args__ = (UniqueConstraint("study_id", "reproduction"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("mlrc_study.id"))
+    reproduction: Mapped[int] = mapped_column(Integer)
+    data: Mapped[dict] = mapped_column(JSON)
+    created: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
 
 
 class Baseline(Base):

@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, inspect, select
 
 from mlrc.store.engine import session
-from mlrc.store.schema import CampaignStudy, EpochMetric, FoldRun, Study, TestResult, Trial
+from mlrc.store.schema import (
+    CampaignStudy,
+    EpochMetric,
+    FoldRun,
+    RetrievalView,
+    Study,
+    TestResult,
+    Trial,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine, Row
@@ -21,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "StoredStudies",
+    "best_retrieval_views",
     "campaign_membership",
     "has_optuna_tables",
     "read_studies",
@@ -40,7 +49,8 @@ class StoredStudies:
     ``studies``: the named studies that exist, in the order asked for; ``trials``,
     ``fold_runs`` and ``epochs``: their trials (by study, number), search fold runs (by study,
     id) and those runs' epochs (by fold run, epoch); ``reproductions``: study id → number of
-    reproductions with a test result (studies without any are absent)."""
+    reproductions with a test result (studies without any are absent); ``retrieval``: study id →
+    the retrieval view of its best reproduction (:func:`best_retrieval_views`)."""
 
     campaigns: dict[int, list[str]] = field(default_factory=dict)
     studies: list[Row[Any]] = field(default_factory=list)
@@ -48,6 +58,7 @@ class StoredStudies:
     fold_runs: list[Row[Any]] = field(default_factory=list)
     epochs: list[Row[Any]] = field(default_factory=list)
     reproductions: dict[int, int] = field(default_factory=dict)
+    retrieval: dict[int, Row[Any]] = field(default_factory=dict)
 
 
 def campaign_membership(s: Session) -> dict[int, list[str]]:
@@ -157,6 +168,50 @@ def reproductions_tested(s: Session, ids: list[int]) -> dict[int, int]:
     )
 
 
+def best_retrieval_views(s: Session, ids: list[int]) -> dict[int, Row[Any]]:
+    """Study id → the retrieval view of its best reproduction among those that have one (highest
+    concatenated test MAP@R, then the lowest reproduction): ``study_id, reproduction, map_at_r,
+    data``. Studies without a view are absent; only the chosen views' data is read."""
+    scored = s.execute(
+        select(RetrievalView.id, RetrievalView.study_id, TestResult.map_at_r)
+        .join(
+            TestResult,
+            (TestResult.study_id == RetrievalView.study_id)
+            & (TestResult.reproduction == RetrievalView.reproduction),
+        )
+        .where(
+            RetrievalView.study_id.in_(ids),
+            TestResult.mode == "concatenated",
+            TestResult.fold == -1,
+        )
+        .order_by(RetrievalView.study_id, TestResult.map_at_r.desc(), RetrievalView.reproduction)
+    ).all()
+    best: dict[int, int] = {}
+    for view_id, study_id, _ in scored:
+        best.setdefault(study_id, view_id)
+    if not best:
+        return {}
+    rows = s.execute(
+        select(
+            RetrievalView.study_id,
+            RetrievalView.reproduction,
+            TestResult.map_at_r,
+            RetrievalView.data,
+        )
+        .join(
+            TestResult,
+            (TestResult.study_id == RetrievalView.study_id)
+            & (TestResult.reproduction == RetrievalView.reproduction),
+        )
+        .where(
+            RetrievalView.id.in_(list(best.values())),
+            TestResult.mode == "concatenated",
+            TestResult.fold == -1,
+        )
+    ).all()
+    return {row.study_id: row for row in rows}
+
+
 def read_studies(engine: Engine, names: list[str]) -> StoredStudies:
     """Everything the dashboard shows of the studies ``names`` (unknown names are skipped), read
     in one session so the page is consistent."""
@@ -170,6 +225,7 @@ def read_studies(engine: Engine, names: list[str]) -> StoredStudies:
             fold_runs=search_fold_runs(s, ids),
             epochs=search_epochs(s, ids),
             reproductions=reproductions_tested(s, ids),
+            retrieval=best_retrieval_views(s, ids),
         )
 
 

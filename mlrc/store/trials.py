@@ -21,6 +21,7 @@ from mlrc.store.schema import (
     Baseline,
     EpochMetric,
     FoldRun,
+    RetrievalView,
     Study,
     StudyBaseline,
     TestResult,
@@ -50,6 +51,7 @@ __all__ = [
     "record_epoch",
     "record_reproduction",
     "reproduction_results",
+    "retrieval_view",
     "start_fold",
     "start_trial",
     "stored_config",
@@ -372,9 +374,11 @@ def record_reproduction(
     reproduction: int,
     params: dict[str, Any],
     rows: list[tuple[str, int, dict[str, float]]],
+    view: dict[str, Any] | None = None,
 ) -> None:
     """All rows ``(mode, fold, metrics)`` of one reproduction, in one transaction; metrics other
-    than the metric columns go to ``extra``."""
+    than the metric columns go to ``extra``. ``view``: its retrieval view
+    (:class:`~mlrc.store.schema.RetrievalView`), written in the same transaction; None: none."""
     with session(engine) as s:
         for mode, fold, m in rows:
             upsert(
@@ -385,6 +389,16 @@ def record_reproduction(
                 extra={k: v for k, v in m.items() if k not in METRIC_COLUMNS},
                 **{k: m[k] for k in METRIC_COLUMNS},
             )
+        if view is not None:
+            key = {"study_id": study_id, "reproduction": reproduction}
+            upsert(s, RetrievalView, key, data=view)
+
+
+def retrieval_view(engine: Engine, study_id: int, reproduction: int) -> dict[str, Any] | None:
+    """The stored retrieval view of one reproduction (None: none stored)."""
+    with session(engine) as s:
+        query = select(RetrievalView.data).filter_by(study_id=study_id, reproduction=reproduction)
+        return s.execute(query).scalar_one_or_none()
 
 
 # --- the untrained baseline --------------------------------------------------------------------
