@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -459,3 +460,28 @@ def test_gc_never_creates_a_store_and_export_never_creates_folders(tmp_path, kep
             code=2)  # fmt: skip
     assert r.output.strip() == f"error: --out {out}: no such directory {out.parent}"
     assert not (tmp_path / "no").exists()
+
+
+def test_keep_best_spares_the_folds_of_a_trial_another_worker_still_runs(tmp_path, kept_best):
+    """In a pool, a collect after one worker's trial must not drop the finished folds of a trial
+    another worker is still running: it may become the best."""
+    url0, art0 = kept_best
+    url, art = copy_store(url0, tmp_path / "db.sqlite"), tmp_path / "art"
+    shutil.copytree(art0, art)
+    best = max(
+        (t for t in rows(url, Trial) if t.state == "complete"), key=lambda t: (t.value, -t.number)
+    )
+    [other] = [t for t in rows(url, Trial) if t.number != best.number]
+    [root] = (art / "r").glob("p-*")
+    fold0 = root / "search" / other.params_hash / "fold0"
+    fold0.mkdir(parents=True)
+    (fold0 / "best.pt").write_bytes(b"its fold 0 finished while fold 1 trains")
+    db = tmp_path / "db.sqlite"
+    with sqlite3.connect(db) as c:
+        c.execute("update mlrc_trial set state = 'running' where number = ?", (other.number,))
+    cli("gc", "--storage", url, "--artifacts", art)
+    assert (fold0 / "best.pt").is_file()  # spared while its trial runs
+    with sqlite3.connect(db) as c:
+        c.execute("update mlrc_trial set state = 'complete' where number = ?", (other.number,))
+    cli("gc", "--storage", url, "--artifacts", art)
+    assert not fold0.exists()  # finished and worse: dropped

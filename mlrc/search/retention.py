@@ -54,8 +54,9 @@ class Freed:
 
 def kept(keep: str, kind: str, status: str, *, best_trial: bool, tested: bool) -> frozenset[str]:
     """The names of the files a fold's folder keeps under policy ``keep`` (:data:`EVERYTHING`:
-    all of them). ``best_trial``: the fold belongs to the best trial so far; ``tested``: its
-    reproduction's test rows are stored (a test fold's ``best.pt`` is read until then)."""
+    all of them). ``best_trial``: the fold belongs to the best trial so far, or to a trial still
+    running (another worker's, which may become the best); ``tested``: its reproduction's test
+    rows are stored (a test fold's ``best.pt`` is read until then)."""
     if status == "running" or keep == "all":
         return EVERYTHING
     if kind == "test" and not tested:
@@ -86,6 +87,8 @@ def collect_study(
     """The files of the study's finished folds under ``root`` that policy ``keep`` does not
     need, removed (``dry_run``: only listed)."""
     best = trials.best_trial_hash(engine, study_id)
+    # a running trial (another worker's) may become the best: its finished folds wait
+    contenders = {best} | trials.running_trial_hashes(engine, study_id)
     tested = trials.tested_reproductions(engine, study_id)
     freed: list[Freed] = []
     for row in trials.fold_runs(engine, study_id):
@@ -93,7 +96,7 @@ def collect_study(
             keep,
             row.kind,
             row.status,
-            best_trial=row.params_hash == best,
+            best_trial=row.params_hash in contenders,
             tested=row.reproduction in tested,
         )
         key = {

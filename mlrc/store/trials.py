@@ -52,6 +52,7 @@ __all__ = [
     "record_reproduction",
     "reproduction_results",
     "retrieval_view",
+    "running_trial_hashes",
     "start_fold",
     "start_trial",
     "stored_config",
@@ -330,6 +331,13 @@ def best_trial_hash(engine: Engine, study_id: int) -> str | None:
     """The parameter hash of the best complete trial (:func:`best_trial`), None before any."""
     best = best_trial(engine, study_id)
     return None if best is None else best.params_hash
+
+
+def running_trial_hashes(engine: Engine, study_id: int) -> set[str]:
+    """The parameter hashes of the study's trials still running (not known yet to be worse)."""
+    with session(engine) as s:
+        query = select(Trial.params_hash).filter_by(study_id=study_id, state="running")
+        return set(s.execute(query).scalars())
 
 
 def tested_reproductions(engine: Engine, study_id: int) -> set[int]:
