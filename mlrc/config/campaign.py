@@ -32,7 +32,7 @@ from mlrc.config import (
     not_a_mapping,
     resolve,
 )
-from mlrc.config.schema import TrackingSpec
+from mlrc.config.schema import ArtifactsSpec, TrackingSpec
 
 __all__ = [
     "NAME_PATTERN",
@@ -97,6 +97,7 @@ class CampaignConfig(Strict):
     search: SearchSpec = SearchSpec()
     test: TestSpec = TestSpec()
     tracking: TrackingSpec | None = None  # passed to every study; not in their fingerprints
+    artifacts: ArtifactsSpec = ArtifactsSpec()  # retention of every study; not in fingerprints
     overrides: dict[str, Any] = {}
 
     @field_validator("datasets", "losses", "strategies", mode="before")
@@ -217,6 +218,7 @@ def _cell_study(
             "search": {**cfg.search.model_dump(by_alias=True), "enqueue": loss.enqueue},
             "test": cfg.test.model_dump(by_alias=True),
             "tracking": cfg.tracking.model_dump() if cfg.tracking is not None else None,
+            "artifacts": cfg.artifacts.model_dump(),
             "overrides": cfg.overrides,
         }
     )
