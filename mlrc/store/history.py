@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from mlrc.store.engine import advisory_lock, session, transact
+from mlrc.store.engine import advisory_lock, transact
 from mlrc.store.schema import Study, StudyHistory
 
 if TYPE_CHECKING:
@@ -62,8 +62,7 @@ def _history(s: Session, study_id: int) -> list[StudyHistory]:
 
 def study_history(engine: Engine, study_id: int) -> list[StudyHistory]:
     """The study's history, oldest first."""
-    with session(engine) as s:
-        return _history(s, study_id)
+    return transact(engine, lambda s: _history(s, study_id), "reading the study's history")
 
 
 def last_values(engine: Engine, study_id: int) -> dict[str, str | None]:

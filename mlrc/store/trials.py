@@ -310,21 +310,24 @@ def finish_fold(engine: Engine, key: dict[str, Any], what: str, **values: Any) -
 
 def fold_runs(engine: Engine, study_id: int) -> list[FoldRun]:
     """Every fold run of the study (what checkpoint retention looks at)."""
-    with session(engine) as s:
-        return list(s.execute(select(FoldRun).filter_by(study_id=study_id)).scalars())
+    return transact(
+        engine,
+        lambda s: list(s.execute(select(FoldRun).filter_by(study_id=study_id)).scalars()),
+        "reading the fold runs",
+    )
 
 
 def best_trial(engine: Engine, study_id: int) -> Trial | None:
     """The best complete trial (highest value, the first on a tie, as Optuna's
     ``best_trial``), None before any."""
-    with session(engine) as s:
-        return s.execute(
-            select(Trial)
-            .filter_by(study_id=study_id, state="complete")
-            .where(Trial.value.is_not(None))
-            .order_by(Trial.value.desc(), Trial.number)
-            .limit(1)
-        ).scalar_one_or_none()
+    query = (
+        select(Trial)
+        .filter_by(study_id=study_id, state="complete")
+        .where(Trial.value.is_not(None))
+        .order_by(Trial.value.desc(), Trial.number)
+        .limit(1)
+    )
+    return transact(engine, lambda s: s.execute(query).scalar_one_or_none(), "reading trials")
 
 
 def best_trial_hash(engine: Engine, study_id: int) -> str | None:
@@ -335,16 +338,14 @@ def best_trial_hash(engine: Engine, study_id: int) -> str | None:
 
 def running_trial_hashes(engine: Engine, study_id: int) -> set[str]:
     """The parameter hashes of the study's trials still running (not known yet to be worse)."""
-    with session(engine) as s:
-        query = select(Trial.params_hash).filter_by(study_id=study_id, state="running")
-        return set(s.execute(query).scalars())
+    query = select(Trial.params_hash).filter_by(study_id=study_id, state="running")
+    return transact(engine, lambda s: set(s.execute(query).scalars()), "reading trials")
 
 
 def tested_reproductions(engine: Engine, study_id: int) -> set[int]:
     """The reproductions whose test results are stored."""
-    with session(engine) as s:
-        query = select(TestResult.reproduction).filter_by(study_id=study_id).distinct()
-        return set(s.execute(query).scalars())
+    query = select(TestResult.reproduction).filter_by(study_id=study_id).distinct()
+    return transact(engine, lambda s: set(s.execute(query).scalars()), "reading test results")
 
 
 def forget_checkpoint(engine: Engine, key: dict[str, Any], what: str) -> None:
