@@ -97,6 +97,25 @@ def recover_unbeaten(ctx: Context, ostudy: optuna.Study, storage: Any, study_id:
             )
 
 
+def enqueue_lost_retries(
+    ctx: Context, ostudy: optuna.Study, known: list[optuna.trial.FrozenTrial]
+) -> None:
+    """Retry the FAIL trials recorded interrupted whose retry was never enqueued: Optuna fails a
+    stale trial before its callback (:func:`_on_stale`) enqueues the retry, and a connection
+    lost in between (a database restart) leaves it FAIL for good — no later pass sees it as
+    RUNNING again. Call under the study's lock, with the study's trials ``known``."""
+    retried = {t.user_attrs.get("retry_of") for t in known}
+    lost = [t for t in known if t.state == TrialState.FAIL and t.number not in retried]
+    if not lost:
+        return
+    interrupted = trials.interrupted_trial_numbers(ctx.engine, ctx.study_id)
+    for t in lost:
+        params = _retry_params(ctx, t)
+        if t.number in interrupted and params is not None:
+            ostudy.enqueue_trial(params, user_attrs={"retry_of": t.number})
+            log.warning("trial %d was failed without its retry; retrying its parameters", t.number)
+
+
 def _on_stale(ctx: Context, ostudy: optuna.Study, t: optuna.trial.FrozenTrial, grace: int) -> None:
     """Optuna failed a RUNNING trial whose worker stopped beating: record why, retry it."""
     reason = f"worker lost: no heartbeat for more than {grace} s"

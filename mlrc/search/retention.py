@@ -124,7 +124,10 @@ def _apply(
     then the folder and its parents up to the kind's folder when they are left empty."""
     if keep is EVERYTHING or not folder.is_dir():
         return []
-    doomed = [f for f in sorted(folder.iterdir()) if f.is_file() and f.name not in keep]
+    try:
+        doomed = [f for f in sorted(folder.iterdir()) if f.is_file() and f.name not in keep]
+    except FileNotFoundError:  # another worker's collect removed it a moment ago
+        return []
     freed = [Freed(f, _size(f)) for f in doomed]
     if dry_run or not doomed:
         return freed

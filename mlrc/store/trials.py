@@ -44,6 +44,7 @@ __all__ = [
     "fold_runs",
     "forget_checkpoint",
     "has_baseline",
+    "interrupted_trial_numbers",
     "is_database_error",
     "link_baseline",
     "mark_trial",
@@ -243,6 +244,12 @@ def mark_trial(
         sem=None,
         reason=reason,
     )
+
+
+def interrupted_trial_numbers(engine: Engine, study_id: int) -> set[int]:
+    """The numbers of the study's trials recorded ``interrupted``."""
+    query = select(Trial.number).filter_by(study_id=study_id, state="interrupted")
+    return transact(engine, lambda s: set(s.execute(query).scalars()), "reading trials")
 
 
 def trial_state(engine: Engine, study_id: int, number: int) -> str | None:

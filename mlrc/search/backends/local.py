@@ -22,6 +22,7 @@ from mlrc.search.errors import Interrupted
 from mlrc.search.heartbeat import (
     HEARTBEAT_S,
     TrialHeartbeat,
+    enqueue_lost_retries,
     fail_stale_trials,
     heartbeat_storage,
     recover_interrupted,
@@ -107,6 +108,7 @@ def _claim(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> _
         running = sum(t.state == TrialState.RUNNING for t in known)
         if done >= ctx.resolved.trials:
             return None
+        enqueue_lost_retries(ctx, ostudy, known)
         if done + running >= ctx.resolved.trials:
             return "wait"
         # The k-th suggestion is drawn with a seed of its own, so an interrupted and resumed
