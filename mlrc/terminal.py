@@ -104,16 +104,24 @@ def user_errors():
         fail(worker_message(str(e)))
 
 
+TRADITIONAL_NOTE = (
+    "§ traditional protocol: one model on all training classes, its epoch chosen on the test "
+    "classes (test-set selection, a leakage); not comparable with the reality check's numbers"
+)
+
+
 def print_status_by_name(engine, name: str) -> None:
     from mlrc import store
+    from mlrc.config.presets import is_traditional, objective_label
     from mlrc.store import trials as stored
 
     status = stored.study_status(engine, name)
     if status is None:
         fail(f"no study {name!r} in {store.redact(str(engine.url))}")
     st, trials, folds, tests = status
+    label = objective_label(st.config)
     table = Table(title=f"study {name} ({st.dataset}, {st.loss}, preset {st.preset})")
-    for col in ("trial", "state", "val MAP@R", "± SEM", "params", "reason"):
+    for col in ("trial", "state", label, "± SEM", "params", "reason"):
         table.add_column(col)
     for t in trials:
         table.add_row(
@@ -154,8 +162,10 @@ def print_status_by_name(engine, name: str) -> None:
     if best is not None:
         sem = f" ± {best.sem:.4f} (SEM over folds)" if best.sem is not None else ""
         console.print(
-            f"best so far: trial {best.number}, val MAP@R {best.value:.4f}{sem}", soft_wrap=True
+            f"best so far: trial {best.number}, {label} {best.value:.4f}{sem}", soft_wrap=True
         )
+    if is_traditional(st.config):
+        console.print(TRADITIONAL_NOTE, soft_wrap=True, highlight=False, markup=False)
     print_budget(engine, st)
 
 

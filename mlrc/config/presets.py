@@ -68,3 +68,23 @@ def _deep_merge(base: dict, over: dict, where: str, loc: tuple = ()) -> dict:
             else v
         )
     return out
+
+
+# How the value a search maximises is named, by the preset's selection_metric.
+_METRIC_NAMES = {"map_at_r": "MAP@R", "precision_at_1": "R@1"}
+
+
+def is_traditional(config: dict[str, Any] | None) -> bool:
+    """Whether a stored study configuration (its resolved fingerprint) runs the traditional
+    protocol: the epoch chosen on the test classes (test-set selection)."""
+    preset = (config or {}).get("preset") or {}
+    return isinstance(preset, dict) and preset.get("split_scheme") == "traditional"
+
+
+def objective_label(config: dict[str, Any] | None) -> str:
+    """The name of a study's search value for status lines and charts: ``val MAP@R`` in the
+    reality check; ``test R@1 §`` (or ``test MAP@R §``) under the traditional preset, whose
+    "validation" classes are the test classes (§: test-set selection)."""
+    preset = (config or {}).get("preset") or {}
+    metric = _METRIC_NAMES.get(preset.get("selection_metric") or "map_at_r", "MAP@R")
+    return f"test {metric} §" if is_traditional(config) else f"val {metric}"

@@ -97,19 +97,49 @@ class BatchSpec(Strict):
     images_per_class: dict[Literal["pair", "class"], int] = {"pair": 4, "class": 1}
 
 
-class OptimizerSpec(Strict):
-    """The trunk and embedder optimiser (fixed, not searched): RMSprop (the reference's) or
-    AdamW (torch's defaults but ``lr`` and ``weight_decay``; it takes no ``momentum``)."""
+OPTIMIZERS = ("rmsprop", "adam", "adamw")
 
-    name: Literal["rmsprop", "adamw"] = "rmsprop"
+
+def _no_adam_momentum(name: str, momentum: float) -> None:
+    if name != "rmsprop" and momentum:
+        label = {"adam": "Adam", "adamw": "AdamW"}[name]
+        raise ValueError(f"momentum is an RMSprop setting; {label} takes none (remove it)")
+
+
+class OptimizerSpec(Strict):
+    """The trunk and embedder optimiser (fixed, not searched): RMSprop (the reference's), Adam
+    (L2 weight decay added to the gradient, as the DAS code) or AdamW (decoupled weight decay);
+    torch's defaults but ``lr`` and ``weight_decay``. Adam and AdamW take no ``momentum``."""
+
+    name: Literal["rmsprop", "adam", "adamw"] = "rmsprop"
     lr: float = Field(gt=0)
     weight_decay: float = Field(0.0, ge=0)
     momentum: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
     def _momentum_is_rmsprop(self) -> OptimizerSpec:
-        if self.name == "adamw" and self.momentum:
-            raise ValueError("momentum is an RMSprop setting; AdamW takes none (remove it)")
+        _no_adam_momentum(self.name, self.momentum)
+        return self
+
+
+class ScheduleSpec(Strict):
+    """A learning-rate schedule of both optimisers, in epochs, stepped after every epoch:
+    ``{step_size: N, gamma: g}`` (lr × g every N epochs, torch's StepLR) or
+    ``{milestones: [e1, e2, ...], gamma: g}`` (lr × g after epochs e1, e2, …, MultiStepLR)."""
+
+    step_size: int | None = Field(None, ge=1)
+    milestones: list[int] | None = None
+    gamma: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ScheduleSpec:
+        if (self.step_size is None) == (self.milestones is None):
+            raise ValueError("give either step_size or milestones")
+        if self.milestones is not None:
+            if not self.milestones or any(e < 1 for e in self.milestones):
+                raise ValueError("milestones must be epochs >= 1")
+            if sorted(set(self.milestones)) != self.milestones:
+                raise ValueError("milestones must be increasing")
         return self
 
 
@@ -147,9 +177,15 @@ class NormalizeSpec(Strict):
 class LossOptimizerSpec(Strict):
     """The optimiser of a loss with parameters; its learning rate is searched (``loss_lr``)."""
 
+    name: Literal["rmsprop", "adam", "adamw"] = "rmsprop"
     lr: ParamSpace
     weight_decay: float = Field(0.0, ge=0)
     momentum: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _momentum_is_rmsprop(self) -> LossOptimizerSpec:
+        _no_adam_momentum(self.name, self.momentum)
+        return self
 
 
 class SearchSpec(Strict):
@@ -198,8 +234,15 @@ class Preset(Strict):
     max_epochs: int = Field(gt=0)
     validate_every: dict[str, int]
     patience: dict[str, int]
-    folds: int = Field(4, ge=2)
-    split_scheme: Literal["kfold", "mlrc"] = "mlrc"
+    folds: int = Field(4, ge=1)
+    # "traditional": the seed papers' own tables — no folds (folds: 1): train on every
+    # train+val class, validate on the TEST classes, i.e. the epoch is chosen on the test set
+    split_scheme: Literal["kfold", "mlrc", "traditional"] = "mlrc"
+    # the validation metric that picks the best epoch and that a search maximises;
+    # precision_at_1 is Recall@1 (the traditional papers' choice)
+    selection_metric: Literal["map_at_r", "precision_at_1"] = "map_at_r"
+    lr_schedule: ScheduleSpec | None = None
+    warmup_epochs: int = Field(0, ge=0)  # epochs 1..k train the embedder and loss, trunk frozen
     num_workers: int = Field(0, ge=0)
     eval_batch_size: int = Field(32, gt=0)
     # Fast paths (DESIGN: "Performance" in the README). Off unless said otherwise; each falls
@@ -232,6 +275,11 @@ class Preset(Strict):
         for key in ("validate_every", "patience"):
             if "default" not in getattr(self, key):
                 raise ValueError(f"{key} needs a 'default' entry")
+        if (self.split_scheme == "traditional") != (self.folds == 1):
+            raise ValueError(
+                "folds: the traditional split_scheme has exactly one fold (folds: 1); "
+                f"{self.split_scheme!r} needs at least 2 (got folds: {self.folds})"
+            )
         timm_name = self.trunk.removeprefix("timm:") if self.trunk.startswith("timm:") else None
         if timm_name is None:
             if self.image.resize is None or self.image.crop is None:

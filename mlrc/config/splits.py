@@ -101,7 +101,7 @@ class ResolvedSplit(Strict):
 
     test: list[str] | Literal["predefined"]
     folds: list[list[str]] | int
-    scheme: Literal["kfold", "mlrc"] | None = None
+    scheme: Literal["kfold", "mlrc", "traditional"] | None = None
     file: str | None = Field(None, exclude=True)  # the split file as written, for messages
 
 
@@ -150,6 +150,13 @@ def _resolve_content(
 ) -> ResolvedSplit:
     """A split file's content checked (everything but the class names) and resolved."""
     spec = validate_model(SplitFile, data, where)
+    if scheme == "traditional":  # the preset's: one model, validated on the test classes
+        if spec.folds is not None or spec.scheme is not None:
+            raise ConfigError(
+                f"{where}: the traditional preset has no folds: give the test classes only"
+            )
+        _check_lists(spec.test, [], where)
+        return ResolvedSplit(test=sorted(spec.test), folds=1, scheme="traditional", file=file)
     if isinstance(spec.folds, list):
         _check_lists(spec.test, spec.folds, where)
         folds: list[list[str]] | int = [sorted(f) for f in spec.folds]

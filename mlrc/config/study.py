@@ -104,6 +104,11 @@ _LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("preset", "optimizer", "name"): "rmsprop",
     # custom splits (a study's ``split:``)
     ("split",): None,
+    # the traditional protocol (#16): optimisers, schedules, selection
+    ("preset", "loss_optimizer", "name"): "rmsprop",
+    ("preset", "selection_metric"): "map_at_r",
+    ("preset", "lr_schedule"): None,
+    ("preset", "warmup_epochs"): 0,
 }
 
 

@@ -304,6 +304,16 @@ def metrix_utilization(
     return total / q.shape[0]
 
 
+# Recall@K of the DML papers' tables, by dataset (the small sets: 1, 2, 4, 8).
+RECALL_KS = {"sop": (1, 10, 100, 1000), "inshop": (1, 10, 20, 30, 40, 50)}
+
+
+def recall_ks(dataset: str) -> tuple[int, ...]:
+    """The K of Recall@K the papers report for ``dataset``: 1, 10, 100, 1000 on SOP; 1, 10,
+    20, …, 50 on In-Shop; 1, 2, 4, 8 on CUB, Cars and any other dataset."""
+    return RECALL_KS.get(dataset, (1, 2, 4, 8))
+
+
 def analysis_metrics(
     embeddings: ArrayLike,
     labels: ArrayLike,
@@ -311,16 +321,18 @@ def analysis_metrics(
     seed: int = 0,
     normalize: bool = True,
     device: str | torch.device | None = None,
+    ks: tuple[int, ...] = (1, 2, 4, 8),
 ) -> dict[str, float]:
     """Every metric above that needs only (embeddings, labels), on this one set.
 
-    Keys: ``recall_at_1/2/4/8``, ``nmi``, ``map_at_1000``, ``spectral_decay``, ``pi_ratio`` —
+    Keys: ``recall_at_{k}`` for k in ``ks`` (default 1, 2, 4, 8), ``nmi``, ``map_at_1000``,
+    ``spectral_decay``, ``pi_ratio`` —
     the same values as :func:`recall_at_k`, :func:`nmi` (``seed``), :func:`map_at_1000`,
     :func:`spectral_decay` (paper default, largest SV dropped) and :func:`pi_ratio`. Recall@k and
     mAP@1000 share one neighbour search. The paper reads ρ and π from the *training* set and the
     others from the test set: call this once per set and pick the keys.
     """
-    ks = (1, 2, 4, 8)
+    ks = tuple(sorted(set(ks)))
     x32, x64, y = _prepare(embeddings, labels, normalize, device)
     n = x64.shape[0]
     _, y_idx, counts = torch.unique(y, return_inverse=True, return_counts=True)

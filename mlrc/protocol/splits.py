@@ -18,6 +18,11 @@ Two schemes:
   count the reference's train window is one class longer and overlaps validation by one class,
   which breaks class-disjointness, so here train is always the other N − val_len classes.
 
+``"traditional"`` is not a cross-validation scheme: the seed papers' own tables train one model on
+every train+val class and watch it on the test classes, so its single fold (index 0) trains on
+train+val and "validates" on the test classes — test-set selection, which the reality check
+criticises and a report marks as such (:func:`traditional_fold`).
+
 :func:`custom_split` builds the same :class:`Split` from given test classes and either given
 validation classes per fold or one of the schemes over the other classes (a study's ``split:``).
 """
@@ -29,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCHEMES = ("kfold", "mlrc")
+SCHEMES = ("kfold", "mlrc", "traditional")
 
 
 class SplitError(ValueError):
@@ -86,11 +91,15 @@ def mlrc_split(
     """
     if scheme not in SCHEMES:
         raise SplitError(f"unknown split scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
-    if n_folds < 2:
-        raise SplitError(f"n_folds must be at least 2, got {n_folds}")
     classes = np.unique(np.asarray(list(labels) if not isinstance(labels, np.ndarray) else labels))
     C = len(classes)
     n_trainval = C // 2  # first ⌊C/2⌋ classes: train+val; the rest: test
+    if scheme == "traditional":
+        if n_trainval < 2:
+            raise SplitError(f"{C} classes are too few: each half needs at least 2")
+        return traditional_split(classes[:n_trainval], classes[n_trainval:])
+    if n_folds < 2:
+        raise SplitError(f"n_folds must be at least 2, got {n_folds}")
     if n_trainval // n_folds < 2:
         raise SplitError(
             f"{n_trainval} train+val classes are too few for {n_folds} folds: every fold needs "
@@ -103,6 +112,18 @@ def mlrc_split(
         folds=_scheme_folds(trainval, n_folds, scheme),
         scheme=scheme,
     )
+
+
+def traditional_split(trainval: Iterable[int], test: Iterable[int], origin: str = "") -> Split:
+    """The traditional protocol's split: one fold (index 0) training on every train+val class
+    and validating on the test classes (:func:`traditional_fold`)."""
+    trainval, test = tuple(int(c) for c in trainval), tuple(int(c) for c in test)
+    return Split(trainval, test, (traditional_fold(trainval, test),), "traditional", origin)
+
+
+def traditional_fold(trainval: tuple[int, ...], test: tuple[int, ...]) -> Fold:
+    """Fold 0 of the traditional protocol: train = train+val, validation = test (leakage)."""
+    return Fold(0, trainval, test)
 
 
 def _scheme_folds(trainval: np.ndarray, n_folds: int, scheme: str) -> tuple[Fold, ...]:
@@ -136,6 +157,12 @@ def custom_split(
     if len(test) < 2:
         raise SplitError(f"the test set needs at least 2 classes, got {len(test)}")
     trainval = np.array([c for c in classes if int(c) not in test], dtype=classes.dtype)
+    if scheme == "traditional":
+        if val_classes is not None:
+            raise SplitError("the traditional scheme has no folds: give the test classes only")
+        if len(trainval) < 2:
+            raise SplitError(f"the training set needs at least 2 classes, got {len(trainval)}")
+        return traditional_split(trainval, sorted(test), origin)
     if val_classes is None:
         if scheme not in SCHEMES:
             raise SplitError(f"unknown split scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")

@@ -67,7 +67,8 @@ def run_objective(
             _prune(ctx, number, k, running)
     v = [values[f] for f in sorted(values)]
     mean = float(np.mean(v))
-    sem = float(np.std(v, ddof=1) / math.sqrt(len(v)))
+    # one fold (the traditional preset) has no spread to speak of: no SEM, rather than NaN
+    sem = float(np.std(v, ddof=1) / math.sqrt(len(v))) if len(v) > 1 else None
     finish_trial(ctx, number, "complete", mean, sem, None)
     return mean, None
 

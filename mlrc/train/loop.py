@@ -1,4 +1,5 @@
-"""Train one fold until validation MAP@R stops improving (MLRC §1.5–1.7).
+"""Train one fold until validation MAP@R stops improving (MLRC §1.5–1.7; the preset's
+``selection_metric`` may name another validation metric, as the traditional preset's Recall@1).
 
 Knows nothing of Optuna or the store: :func:`train_fold` takes a
 :class:`~mlrc.train.spec.FoldSpec`, reports each validation through a callback, and returns a
@@ -7,7 +8,8 @@ named steps over one :class:`FoldRun`:
 
 - :func:`resume_or_adopt` → :func:`~mlrc.train.setup.build_fold` → :func:`restore` (resumed) or
   :func:`validate_untrained` (epoch 0);
-- per epoch, :func:`train_epoch` (per batch :func:`calculate_loss`, :func:`step_optimizers`),
+- per epoch, :func:`train_epoch` (:func:`start_of_epoch`: the learning-rate schedule and the
+  frozen-trunk warm-up of :mod:`mlrc.train.schedule`; per batch :func:`calculate_loss`, :func:`step_optimizers`),
   then :func:`end_of_epoch` (:func:`validate`, :func:`consider_best`, :func:`should_stop`,
   :func:`record_epoch`);
 - :func:`finish`: the result, also recorded in ``last.pt``.
@@ -57,6 +59,7 @@ from mlrc.train.checkpoint import (
     set_aside,
 )
 from mlrc.train.embed import View, embed
+from mlrc.train.schedule import lr_factor, set_learning_rates, warm_up
 from mlrc.train.setup import FoldParts, build_fold
 from mlrc.train.spec import NONFINITE, EpochRecord, FoldResult, FoldSpec, trained_best
 
@@ -77,6 +80,7 @@ class FoldRun:
     best_epoch: int | None = None
     best: dict[str, float] | None = None  # METRICS of best_epoch (fractions)
     start_epoch: int = 1  # the first epoch this run trains
+    trunk_params: list[torch.nn.Parameter] = field(default_factory=list)  # trainable at start
 
     @property
     def last(self) -> Path:
@@ -105,6 +109,7 @@ def train_fold(
         validate_every=p.per_dataset("validate_every", spec.dataset_name),
         patience=p.per_dataset("patience", spec.dataset_name),
     )
+    run.trunk_params = [q for q in run.parts.model.trunk.parameters() if q.requires_grad]
     if state is not None:
         restore(run, state)
     elif (failed := validate_untrained(run)) is not None:
@@ -195,6 +200,7 @@ def train_epoch(run: FoldRun, epoch: int, bar: tqdm) -> float | FoldResult:
     result when the loss goes non-finite (``last.pt`` then ends at epoch − 1)."""
     p = run.spec.preset
     train_mode(run)
+    start_of_epoch(run, epoch)
     loss_sum, n = 0.0, 0
     if run.parts.sampler.needs_bank and epoch == run.start_epoch:
         fill_bank(run)
@@ -212,6 +218,13 @@ def train_epoch(run: FoldRun, epoch: int, bar: tqdm) -> float | FoldResult:
             best_map_r=f"{run.best['map_at_r']:.4f}" if run.best else "-",
         )
     return loss_sum / max(n, 1)
+
+
+def start_of_epoch(run: FoldRun, epoch: int) -> None:
+    """The epoch's learning rates (``lr_schedule``) and frozen trunk (``warmup_epochs``)."""
+    p = run.spec.preset
+    set_learning_rates((run.parts.opt, run.parts.loss_opt), lr_factor(p.lr_schedule, epoch))
+    warm_up(run.trunk_params, p, epoch)
 
 
 def fill_bank(run: FoldRun) -> None:
@@ -304,9 +317,11 @@ def validate(run: FoldRun, epoch: int, train_loss: float | None) -> EpochRecord 
 
 
 def consider_best(run: FoldRun, rec: EpochRecord) -> None:
-    """A new best epoch (strictly higher val MAP@R; ties keep the earlier epoch, as PML's
-    hooks): its model goes to ``best.pending-e<epoch>.pt`` until ``last.pt`` records it."""
-    if run.best is None or rec.map_at_r > run.best["map_at_r"]:
+    """A new best epoch (strictly higher validation value of the preset's ``selection_metric``,
+    MAP@R unless said otherwise; ties keep the earlier epoch, as PML's hooks): its model goes to
+    ``best.pending-e<epoch>.pt`` until ``last.pt`` records it."""
+    metric = run.spec.preset.selection_metric
+    if run.best is None or getattr(rec, metric) > run.best[metric]:
         run.best_epoch = rec.epoch
         run.best = {k: getattr(rec, k) for k in METRICS}
         save_pending_best(run.parts.model.state_dict(), run.best_path, rec.epoch)
@@ -356,7 +371,7 @@ def finish(run: FoldRun, status: str, reason: str | None, epoch: int) -> FoldRes
         run.history,
         str(run.best_path) if run.best is not None else None,
         time.monotonic() - run.t0,
-        objective=trained_best(run.history),
+        objective=trained_best(run.history, run.spec.preset.selection_metric),
         device=run.spec.device,
         code_version=run.spec.code_version,
     )

@@ -68,17 +68,8 @@ def build_fold(spec: FoldSpec) -> FoldParts:
         embedding_size=p.embedding_size,
         **spec.loss_params,
     ).to(spec.device)
-    if p.optimizer.name == "adamw":
-        opt: torch.optim.Optimizer = torch.optim.AdamW(
-            model.parameters(), lr=p.optimizer.lr, weight_decay=p.optimizer.weight_decay
-        )
-    else:
-        opt = torch.optim.RMSprop(
-            model.parameters(),
-            lr=p.optimizer.lr,
-            weight_decay=p.optimizer.weight_decay,
-            momentum=p.optimizer.momentum,
-        )
+    o = p.optimizer
+    opt = make_optimizer(o.name, model.parameters(), o.lr, o.weight_decay, o.momentum)
     miner = miners.build(spec.miner, **spec.miner_params) if spec.miner else None
     strategy = strategies.build(spec.strategy, **spec.strategy_params).to(spec.device)
     loss_opt = _loss_optimizer(spec, loss_fn, info.loss_weight_decay)
@@ -111,23 +102,32 @@ def build_fold(spec: FoldSpec) -> FoldParts:
     )
 
 
+def make_optimizer(
+    name: str, params: Any, lr: float, weight_decay: float, momentum: float = 0.0
+) -> torch.optim.Optimizer:
+    """The preset's optimiser ``name``: ``rmsprop`` (the reference's), ``adam`` (L2 weight
+    decay in the gradient) or ``adamw`` (decoupled weight decay); torch's other defaults."""
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.RMSprop(params, lr=lr, weight_decay=weight_decay, momentum=momentum)
+
+
 def _loss_optimizer(
     spec: FoldSpec, loss_fn: torch.nn.Module, loss_weight_decay: float | None
 ) -> torch.optim.Optimizer | None:
-    """RMSprop for the loss's own parameters (``None`` when it has none) at ``spec.loss_lr``;
-    the loss's registered weight decay, if any, replaces the preset's (margin's beta: 0)."""
+    """The preset's ``loss_optimizer`` (RMSprop unless it names another) for the loss's own
+    parameters (``None`` when it has none) at ``spec.loss_lr``; the loss's registered weight
+    decay, if any, replaces the preset's (margin's beta: 0)."""
     params = list(loss_fn.parameters())
     if not params:
         return None
     if spec.loss_lr is None:
         raise ValueError(f"loss {spec.loss!r} has parameters but no loss_lr was given")
     lo = spec.preset.loss_optimizer
-    return torch.optim.RMSprop(
-        params,
-        lr=spec.loss_lr,
-        weight_decay=lo.weight_decay if loss_weight_decay is None else loss_weight_decay,
-        momentum=lo.momentum,
-    )
+    wd = lo.weight_decay if loss_weight_decay is None else loss_weight_decay
+    return make_optimizer(lo.name, params, spec.loss_lr, wd, lo.momentum)
 
 
 def _views(spec: FoldSpec, model: Model) -> tuple[ImageDataset, View, View]:

@@ -57,8 +57,8 @@ NONFINITE = "non-finite"  # failure reasons of a loss or embeddings gone NaN/inf
 @dataclass
 class FoldResult:
     """``best``: validation metrics (fractions) of ``best_epoch``, the epoch ``best.pt`` holds
-    (may be 0); ``objective``: the best validation MAP@R over trained epochs (≥ 1), the value
-    the search sees. ``device``/``code_version``: of the run that computed the result."""
+    (may be 0); ``objective``: the best validation value of the preset's ``selection_metric``
+    (MAP@R unless said otherwise) over trained epochs (≥ 1), the value the search sees. ``device``/``code_version``: of the run that computed the result."""
 
     status: str  # complete | failed
     reason: str | None
@@ -77,7 +77,8 @@ class FoldResult:
         return self.status == "failed" and (self.reason or "").startswith(NONFINITE)
 
 
-def trained_best(history: Sequence[EpochRecord]) -> float | None:
-    """Best validation MAP@R over trained epochs (≥ 1): the reference aggregator's value."""
-    trained = [h.map_at_r for h in history if h.epoch >= 1]
+def trained_best(history: Sequence[EpochRecord], metric: str = "map_at_r") -> float | None:
+    """Best validation ``metric`` (the preset's ``selection_metric``; MAP@R in the reality
+    check) over trained epochs (≥ 1): the reference aggregator's value."""
+    trained = [getattr(h, metric) for h in history if h.epoch >= 1]
     return max(trained) if trained else None
