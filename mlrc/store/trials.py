@@ -254,9 +254,8 @@ def interrupted_trial_numbers(engine: Engine, study_id: int) -> set[int]:
 
 def trial_state(engine: Engine, study_id: int, number: int) -> str | None:
     """The state recorded for trial ``number`` (``running``, ``complete``, ...), None if none."""
-    with session(engine) as s:
-        row = s.query(Trial).filter_by(study_id=study_id, number=number).one_or_none()
-        return row.state if row is not None else None
+    query = select(Trial.state).filter_by(study_id=study_id, number=number)
+    return transact(engine, lambda s: s.execute(query).scalar_one_or_none(), "reading trials")
 
 
 # --- fold runs ---------------------------------------------------------------------------------
@@ -394,8 +393,10 @@ def record_reproduction(
 ) -> None:
     """All rows ``(mode, fold, metrics)`` of one reproduction, in one transaction; metrics other
     than the metric columns go to ``extra``. ``view``: its retrieval view
-    (:class:`~mlrc.store.schema.RetrievalView`), written in the same transaction; None: none."""
-    with session(engine) as s:
+    (:class:`~mlrc.store.schema.RetrievalView`), written in the same transaction; None: none.
+    Re-run whole after a lost connection (every write is an upsert)."""
+
+    def write(s: Session) -> None:
         for mode, fold, m in rows:
             upsert(
                 s,
@@ -408,6 +409,8 @@ def record_reproduction(
         if view is not None:
             key = {"study_id": study_id, "reproduction": reproduction}
             upsert(s, RetrievalView, key, data=view)
+
+    transact(engine, write, f"recording reproduction {reproduction}")
 
 
 def retrieval_view(engine: Engine, study_id: int, reproduction: int) -> dict[str, Any] | None:

@@ -62,7 +62,7 @@ def run_search(
     study_id = store.retry(
         lambda: storage.get_study_id_from_name(ctx.name), ctx.engine, "reading the study"
     )
-    _prepare(ctx, ostudy, storage, study_id)
+    store.retry(lambda: _prepare(ctx, ostudy, storage, study_id), ctx.engine, "opening the study")
     while True:
         claim = store.retry(
             lambda: _claim(ctx, ostudy, storage, study_id), ctx.engine, "taking the next trial"
