@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from mlrc import store
 from mlrc.errors import first_line
 from mlrc.report.snapshot import FoldCurve, Retrieval, StudyData, TrialRow
-from mlrc.report.tables import row_label, with_defaults
+from mlrc.report.tables import SECTION, row_label, with_defaults
 from mlrc.store.snapshot import has_optuna_tables
 
 if TYPE_CHECKING:
@@ -365,10 +365,16 @@ def test_figure(summary: pd.DataFrame) -> go.Figure | None:
         return None
     blocks = list(dict.fromkeys(zip(data["dataset"], data["protocol"], strict=True)))
     split = {d for d, _ in blocks if sum(d == e for e, _ in blocks) > 1}
+    flagged = data[data["test_set_selection"]]
+    traditional = set(zip(flagged["dataset"], flagged["protocol"], strict=True))
     fig = make_subplots(
         rows=1,
         cols=len(blocks),
-        subplot_titles=[label(f"{d} · {p}" if d in split else d) for d, p in blocks],
+        subplot_titles=[
+            label(f"{d} · {p}" if d in split else d)
+            + (f" · traditional {SECTION}" if (d, p) in traditional else "")
+            for d, p in blocks
+        ],
         horizontal_spacing=0.06,
     )
     for col, (dataset, protocol) in enumerate(blocks, start=1):
@@ -398,10 +404,12 @@ def _add_test_block(fig: go.Figure, block: pd.DataFrame, col: int, where: dict[s
 
 def _study_labels(d: pd.DataFrame, studies: list[str]) -> list[str]:
     """Each study's row label (loss and strategy); as in the report's tables, a label shared by
-    two studies gets their names."""
+    two studies gets their names, and a traditional study's (epoch chosen on the test set) a §."""
     labels = [row_label(*d[d["study"] == st][["loss", "strategy"]].iloc[0]) for st in studies]
+    marked = set(d.loc[d["test_set_selection"], "study"])
     return [
         label(lab if labels.count(lab) == 1 else f"{lab} ({st})")
+        + (f" {SECTION}" if st in marked else "")
         for lab, st in zip(labels, studies, strict=True)
     ]
 

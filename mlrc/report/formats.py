@@ -8,12 +8,11 @@ from __future__ import annotations
 import pandas as pd
 
 from mlrc.report.latex import latex_document, latex_table
-from mlrc.report.layout import COLUMNS, METRIC_LABELS, Cell, legend, table_blocks
+from mlrc.report.layout import Block, Cell, legend, metric_label, table_blocks
 from mlrc.report.legend import DAGGER
-from mlrc.report.summary import TIDY_COLUMNS
+from mlrc.report.summary import tidy_columns
 from mlrc.report.table_html import html_page
-from mlrc.report.values import MODES, ReportError
-from mlrc.store import METRIC_COLUMNS
+from mlrc.report.values import ReportError
 
 __all__ = ["FORMATS", "csv_table", "json_report", "md_table", "render"]
 
@@ -42,30 +41,34 @@ def render(summary: pd.DataFrame, fmt: str, *, standalone: bool = False) -> str:
 
 
 def csv_table(summary: pd.DataFrame) -> str:
-    """The summary's :data:`~mlrc.report.summary.TIDY_COLUMNS` as CSV (missing ones empty)."""
+    """The summary's :func:`~mlrc.report.summary.tidy_columns` as CSV (missing ones empty)."""
+    columns = tidy_columns(summary)
     table = summary.copy()
-    for c in TIDY_COLUMNS:
+    for c in columns:
         if c not in table.columns:
             table[c] = pd.NA
-    return table.to_csv(index=False, columns=TIDY_COLUMNS, float_format="%.10g")
+    return table.to_csv(index=False, columns=columns, float_format="%.10g")
 
 
 def json_report(summary: pd.DataFrame) -> str:
     """JSON: ``lines`` (the CSV's tidy lines: values in percent, NaN as null), ``blocks`` (each
-    table block's rows as shown: label, n, underline, and per column its text, bold and † mark)
-    and ``legend`` (the marks and notes)."""
+    table block's rows as shown: label, n, underline, and per column its text, bold and † mark;
+    a traditional block says ``test_set_selection`` and its title) and ``legend`` (the marks
+    and notes)."""
     import json
 
+    columns = tidy_columns(summary)
     table = summary.copy()
-    for c in TIDY_COLUMNS:
+    for c in columns:
         if c not in table.columns:
             table[c] = pd.NA
-    lines = json.loads(table[TIDY_COLUMNS].to_json(orient="records", double_precision=15))
+    lines = json.loads(table[columns].to_json(orient="records", double_precision=15))
     blocks = [
         {
             "dataset": b.dataset,
             "protocol": b.protocol,
             "name": b.name,
+            **({"title": b.title, "test_set_selection": True} if b.traditional else {}),
             "rows": [
                 {
                     "label": r.label,
@@ -77,7 +80,7 @@ def json_report(summary: pd.DataFrame) -> str:
                         f"{mode}/{metric}": None
                         if c is None
                         else {"text": c.text("±"), "bold": c.bold, "not_worse_mark": c.dagger}
-                        for (mode, metric), c in zip(COLUMNS, r.cells, strict=True)
+                        for (mode, metric), c in zip(b.columns, r.cells, strict=True)
                     },
                 }
                 for r in b.rows
@@ -110,19 +113,25 @@ def _md_cell(c: Cell | None) -> str:
     return (f"**{t}**" if c.bold else t) + (f" {DAGGER}" if c.dagger else "")
 
 
+def _md_header(b: Block) -> list[str]:
+    """A block's column names: ``Sep. MAP@R``, …; a traditional block's one model: ``R@1``, …,
+    ``MAP@R``, ``Epoch``."""
+    if b.traditional:
+        return ["Loss", "n"] + [metric_label(m) for _, m in b.columns]
+    return ["Loss", "n"] + [
+        f"{'Sep.' if mode == 'separated' else 'Concat.'} {metric_label(m)}" for mode, m in b.columns
+    ]
+
+
 def md_table(summary: pd.DataFrame) -> str:
     """GitHub markdown: a heading and a table per block, then the legend (underline as
     ``<ins>``, which GitHub renders; it drops ``<u>``)."""
-    header = ["Loss", "n"] + [
-        f"{'Sep.' if mode == 'separated' else 'Concat.'} {METRIC_LABELS[m]}"
-        for mode in MODES
-        for m in METRIC_COLUMNS
-    ]
     parts = []
     blocks = table_blocks(summary)
     for b in blocks:
-        title = b.dataset + (f" — protocol {b.protocol}: {b.fields}" if b.diff else "")
-        parts.append(f"### {title} (%, mean ± 95% CI half-width over n reproductions)\n")
+        header = _md_header(b)
+        units = "%, Epoch in epochs" if b.traditional else "%"
+        parts.append(f"### {b.title} ({units}, mean ± 95% CI half-width over n reproductions)\n")
         parts.append("| " + " | ".join(header) + " |")
         parts.append("|" + "|".join(["---"] + ["--:"] * (len(header) - 1)) + "|")
         for r in b.rows:

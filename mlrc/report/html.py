@@ -156,6 +156,8 @@ def _tests_section(snap: Snapshot) -> str:
             "(error bars: half-width); separated = mean of the four 128-D fold models, "
             "concatenated = their 512-D concatenation."
         )
+        if snap.summary["test_set_selection"].any():
+            caption += f" {tables.SECTION}: {tables.TRADITIONAL_TITLE} (leakage; one 512-D model)."
         results = _figure_html(fig, "test-map", "test", None, caption)
         results += "\n" + _test_table(snap.summary)
     campaigns = f" — campaign {esc(', '.join(snap.campaigns))}" if snap.campaigns else ""
@@ -191,6 +193,11 @@ def _facts(study: StudyData) -> list[str]:
         f"loss <b>{esc(study.loss)}</b>",
         *([f"strategy <b>{esc(study.strategy)}</b>"] if study.strategy else []),
         f"preset {esc(study.preset)}",
+        *(
+            [f"<b>{tables.SECTION} {tables.TRADITIONAL_TITLE}</b>"]
+            if study.test_set_selection
+            else []
+        ),
         _trial_counts(study),
         f"reproductions tested {study.reproductions}",
         *([f"campaigns {esc(', '.join(study.campaigns))}"] if study.campaigns else []),
@@ -310,7 +317,7 @@ def _retrieval_view(study: StudyData, sid: str) -> str:
     return template("retrieval.html").substitute(
         name=esc(study.name),
         reproduction=view.reproduction,
-        map_at_r=_fmt(view.map_at_r),
+        map_at_r=_fmt(view.map_at_r) + (f" {tables.SECTION}" if study.test_set_selection else ""),
         queries=_retrieval_grid(view),
         map=chart,
     )

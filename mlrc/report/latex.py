@@ -1,13 +1,22 @@
 """The test-result tables in LaTeX: booktabs, ``\\pm``, ``\\textbf``, ``\\underline``,
-``$^{\\dagger}$``, the legend as a paragraph after the tabular; :func:`latex_document` wraps it
-in a document that pdflatex compiles."""
+``$^{\\dagger}$``, ``\\S`` after a traditional row, the legend as a paragraph after the
+tabular; :func:`latex_document` wraps it in a document that pdflatex compiles."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from mlrc.report.layout import METRIC_LABELS, MODE_LABELS, Cell, legend, table_blocks
-from mlrc.report.legend import DAGGER, DDAGGER
+from mlrc.report.layout import (
+    COLUMNS,
+    METRIC_LABELS,
+    MODE_LABELS,
+    Block,
+    Cell,
+    legend,
+    metric_label,
+    table_blocks,
+)
+from mlrc.report.legend import DAGGER, DDAGGER, SECTION, TRADITIONAL_TITLE
 from mlrc.report.values import MODES
 from mlrc.store import METRIC_COLUMNS
 
@@ -41,23 +50,34 @@ def _cell(c: Cell | None) -> str:
     return (rf"\textbf{{{t}}}" if c.bold else t) + (r"\rlap{$^{\dagger}$}" if c.dagger else "")
 
 
+def _traditional_header(b: Block) -> list[str]:
+    """The column names of a traditional block's one model (R@1, …, MAP@R, Epoch)."""
+    names = " & ".join(metric_label(m) for _, m in b.columns)
+    return [rf" & & {names} \\", rf"\cmidrule(lr){{3-{2 + len(b.columns)}}}"]
+
+
 def latex_table(summary: pd.DataFrame, standalone: bool = False) -> str:
     """The tabular with its legend (``standalone``: as a complete document)."""
+    blocks = table_blocks(summary)
+    width = max([len(COLUMNS)] + [len(b.columns) for b in blocks])  # value columns
     seps = " & ".join(rf"\multicolumn{{3}}{{c}}{{{MODE_LABELS[m]}}}" for m in MODES)
     metrics = " & ".join(METRIC_LABELS[m] for m in METRIC_COLUMNS)
     lines = [
-        r"\begin{tabular}{l r " + "c" * 6 + "}",
+        r"\begin{tabular}{l r " + "c" * width + "}",
         r"\toprule",
         rf" & & {seps} \\",
         r"\cmidrule(lr){3-5} \cmidrule(lr){6-8}",
         rf"Loss & $n$ & {metrics} & {metrics} \\",
     ]
-    blocks = table_blocks(summary)
     for b in blocks:
         title = rf"\textit{{{latex_escape(b.dataset)}}}"
+        if b.traditional:
+            title += rf" --- {latex_text(TRADITIONAL_TITLE)}"
         if b.diff:  # the fields are in the legend: a long list would widen the table
             title += rf" --- protocol {latex_escape(b.protocol)}"
-        lines += [r"\midrule", rf"\multicolumn{{8}}{{l}}{{{title}}} \\"]
+        lines += [r"\midrule", rf"\multicolumn{{{width + 2}}}{{l}}{{{title}}} \\"]
+        if b.traditional:
+            lines += _traditional_header(b)
         for r in b.rows:
             label = latex_text(r.label)
             label = rf"\underline{{{label}}}" if r.underline else label
@@ -90,6 +110,7 @@ def latex_text(s: str) -> str:
         .replace("≥", r"$\geq$")
         .replace(DAGGER, r"$^{\dagger}$")
         .replace(DDAGGER, r"$^{\ddagger}$")
+        .replace(SECTION, r"\S{}")
         .replace("…", r"\ldots{}")
         .replace("—", "---")
         .replace("–", "--")

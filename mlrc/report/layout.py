@@ -17,9 +17,12 @@ from mlrc.report.legend import (
     NONFINITE_NOTE,
     PROTOCOL_NOTE,
     PRUNED_NOTE,
+    SECTION,
+    TRADITIONAL_NOTE,
+    TRADITIONAL_TITLE,
 )
 from mlrc.report.summary import with_defaults
-from mlrc.report.values import MODES
+from mlrc.report.values import MODES, TRADITIONAL_MODE, UNMARKED_METRICS, traditional_metrics
 from mlrc.store import METRIC_COLUMNS
 
 __all__ = [
@@ -30,7 +33,9 @@ __all__ = [
     "Block",
     "Cell",
     "Row",
+    "block_columns",
     "legend",
+    "metric_label",
     "notes",
     "row_label",
     "table_blocks",
@@ -40,6 +45,21 @@ MODE_LABELS = {"separated": "Separated (128-D)", "concatenated": "Concatenated (
 METRIC_LABELS = {"map_at_r": "MAP@R", "precision_at_1": "P@1", "r_precision": "R-Prec"}
 BASELINE_KINDS = ("pretrained", "random_init")
 COLUMNS = [(mode, m) for mode in MODES for m in METRIC_COLUMNS]  # a row's cells, in order
+
+
+def metric_label(metric: str) -> str:
+    """A column's name: ``MAP@R``, ``P@1``, ``R-Prec``, ``R@4`` (recall_at_4), ``Epoch``."""
+    if metric.startswith("recall_at_"):
+        return f"R@{metric.removeprefix('recall_at_')}"
+    return "Epoch" if metric in UNMARKED_METRICS else METRIC_LABELS[metric]
+
+
+def block_columns(dataset: str, traditional: bool) -> list[tuple[str, str]]:
+    """A block's (mode, metric) columns: :data:`COLUMNS`, or for a traditional block its one
+    model's Recall@K, MAP@R and chosen epoch (:func:`~mlrc.report.values.traditional_metrics`)."""
+    if not traditional:
+        return list(COLUMNS)
+    return [(TRADITIONAL_MODE, m) for m in traditional_metrics(dataset)]
 
 
 def row_label(loss: str, strategy: str | None) -> str:
@@ -93,11 +113,21 @@ class Block:
     budgets: str  # "trials 4 (contrastive) vs 8 (triplet)" when the search budgets differ
     nonfinite: list[tuple[str, int, int]]  # (row label, scored 0, complete trials)
     history: list[tuple[str, str]] = field(default_factory=list)  # (row label, budget changes)
+    columns: list[tuple[str, str]] = field(default_factory=lambda: list(COLUMNS))  # the cells'
+    traditional: bool = False  # its epoch chosen on the test set: rows marked §, own columns
 
     @property
     def name(self) -> str:
-        """The block in a note: ``cub``, or ``cub, protocol 3f2a9c1d``."""
-        return f"{self.dataset}, protocol {self.protocol}" if self.diff else self.dataset
+        """The block in a note: ``cub``, ``cub, traditional`` or ``cub, protocol 3f2a9c1d``."""
+        name = f"{self.dataset}, traditional" if self.traditional else self.dataset
+        return f"{name}, protocol {self.protocol}" if self.diff else name
+
+    @property
+    def title(self) -> str:
+        """The block's heading: ``cub``, ``cub — protocol 3f2a9c1d: preset.max_epochs 1``,
+        ``cub — traditional protocol: epoch chosen on the test set``."""
+        title = f"{self.dataset} — {TRADITIONAL_TITLE}" if self.traditional else self.dataset
+        return title + (f" — protocol {self.protocol}: {self.fields}" if self.diff else "")
 
 
 @dataclass
@@ -112,7 +142,8 @@ class _BlockNotes:
 def _study_row(
     study: str, g: pd.DataFrame, label: str, underline: bool, compared: dict, acc: _BlockNotes
 ) -> Row:
-    """A study's row (its lines ``g`` of the summary); records its zeros and budget in ``acc``."""
+    """A study's row (its lines ``g`` of the summary, cells in the order of ``compared``'s
+    columns); records its zeros and budget in ``acc``."""
     by = {(r["mode"], r["metric"]): r for _, r in g.iterrows()}
     first = g.iloc[0]
     if not pd.isna(first["nonfinite_trials"]) and first["nonfinite_trials"] > 0:
@@ -123,29 +154,35 @@ def _study_row(
         acc.history.append((label, first["budget_history"]))
     if first["pruner"] != "none":
         label = f"{label} {DDAGGER}"
+    if first["test_set_selection"]:
+        label = f"{label} {SECTION}"
     lo, hi = int(g["n"].min()), int(g["n"].max())
     return Row(
         label,
         str(hi) if lo == hi else f"{lo}–{hi}",
         underline and bool(g["best_row"].any()),
-        [Cell(by[c], compared[c]) if c in by else None for c in COLUMNS],
+        [Cell(by[c], compared[c]) if c in by else None for c in compared],
         study=study,
     )
 
 
-def _baseline_row(study: str, g: pd.DataFrame) -> Row:
+def _baseline_row(study: str, g: pd.DataFrame, columns: list[tuple[str, str]]) -> Row:
     """A baseline's row: n = 1, no marks."""
     by = {(r["mode"], r["metric"]): r for _, r in g.iterrows()}
-    cells = [Cell(by[c], False) if c in by else None for c in COLUMNS]
+    cells = [Cell(by[c], False) if c in by else None for c in columns]
     return Row(study, "1", False, cells, baseline=True, study=study)
 
 
 def _block(dataset: str, protocol: str, d: pd.DataFrame) -> Block:
     """The block of the summary lines ``d`` of one (dataset, protocol)."""
     studies = d[~d["baseline"]]
-    # a column's marks need at least two rows with a value in it
+    traditional = bool(studies["test_set_selection"].any())
+    columns = block_columns(dataset, traditional)
+    # a column's marks need at least two rows with a value in it; the epoch is never marked
     compared = {
-        c: ((studies["mode"] == c[0]) & (studies["metric"] == c[1])).sum() >= 2 for c in COLUMNS
+        c: c[1] not in UNMARKED_METRICS
+        and ((studies["mode"] == c[0]) & (studies["metric"] == c[1])).sum() >= 2
+        for c in columns
     }
     n_rows = studies["study"].nunique()
     labels = {
@@ -155,7 +192,7 @@ def _block(dataset: str, protocol: str, d: pd.DataFrame) -> Block:
     rows, acc = [], _BlockNotes([], {})
     for study, g in d.groupby("study", sort=False):
         if bool(g["baseline"].iloc[0]):
-            rows.append(_baseline_row(study, g))
+            rows.append(_baseline_row(study, g, columns))
             continue
         label = labels[study]
         if list(labels.values()).count(label) > 1:
@@ -177,6 +214,8 @@ def _block(dataset: str, protocol: str, d: pd.DataFrame) -> Block:
         budget_text,
         acc.nonfinite,
         acc.history,
+        columns,
+        traditional,
     )
 
 
@@ -191,23 +230,26 @@ def table_blocks(summary: pd.DataFrame) -> list[Block]:
 
 
 def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
-    """The legend's notes after the marks: baselines, pruning, protocols, budgets, zeros."""
+    """The legend's notes after the marks: the traditional protocol's leakage, baselines,
+    pruning, protocols, budgets, zeros."""
     summary = with_defaults(summary)
-    out = []
+    out = [TRADITIONAL_NOTE] if any(b.traditional for b in blocks) else []
     kinds = [k for k in BASELINE_KINDS if ((summary["loss"] == k) & summary["baseline"]).any()]
     if kinds:
         out.append("; ".join(BASELINE_NOTES[k] for k in kinds) + BASELINE_NOTE_END)
     if ((summary["pruner"] != "none") & ~summary["baseline"]).any():
         out.append(PRUNED_NOTE)
-    split: dict[str, list[Block]] = {}  # dataset -> its blocks, when it has several protocols
+    # (dataset, traditional) -> its blocks, when it has several protocols
+    split: dict[tuple[str, bool], list[Block]] = {}
     for b in blocks:
         if b.diff:
-            split.setdefault(b.dataset, []).append(b)
+            split.setdefault((b.dataset, b.traditional), []).append(b)
     if split:
         out.append(PROTOCOL_NOTE)
-    for dataset, bs in split.items():
+    for (dataset, traditional), bs in split.items():
+        kind = " traditional" if traditional else ""
         out.append(
-            f"{dataset}: {len(bs)} protocols, differing in {bs[0].diff} — "
+            f"{dataset}: {len(bs)}{kind} protocols, differing in {bs[0].diff} — "
             + "; ".join(f"{b.protocol}: {b.fields}" for b in bs)
             + "."
         )

@@ -1,5 +1,5 @@
 """The words of the test-result tables' legend: the marks, and the notes a table may need
-(baselines, pruning, protocols, trials scored 0). :func:`mlrc.report.layout.notes` picks the
+(baselines, pruning, protocols, trials scored 0, the traditional protocol's leakage). :func:`mlrc.report.layout.notes` picks the
 notes a table needs; the renderers print them after the table."""
 
 from __future__ import annotations
@@ -13,10 +13,14 @@ __all__ = [
     "NONFINITE_NOTE",
     "PROTOCOL_NOTE",
     "PRUNED_NOTE",
+    "SECTION",
+    "TRADITIONAL_NOTE",
+    "TRADITIONAL_TITLE",
 ]
 
 DAGGER = "†"
 DDAGGER = "‡"
+SECTION = "§"  # after the label of a study whose epoch was chosen on the test set
 LEGEND = [
     "Values in %: mean ± half-width of the 95% Student-t confidence interval over the n "
     "reproductions (separated: mean of the four 128-D fold models; concatenated: their 512-D "
@@ -46,3 +50,10 @@ PROTOCOL_NOTE = (
     "compare rows within a block only."
 )
 NONFINITE_NOTE = "scored 0 — non-finite loss or embeddings, as in the reference harness"
+TRADITIONAL_TITLE = "traditional protocol: epoch chosen on the test set"
+TRADITIONAL_NOTE = (
+    f"{SECTION} traditional protocol (the seed papers' own tables): one model trained on all "
+    "training classes, its epoch chosen on the test classes — test-set selection, a leakage; "
+    "not comparable with the reality-check rows. Its block shows that one 512-D model: Recall@K "
+    "and MAP@R in %, and the chosen epoch (mean ± 95% half-width in epochs, never marked)."
+)

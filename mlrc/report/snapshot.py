@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlrc import data, store
 from mlrc.errors import first_line
-from mlrc.report.tables import collect, is_nonfinite, select_studies, summarize
+from mlrc.report.tables import collect, is_nonfinite, is_traditional, select_studies, summarize
 from mlrc.store.snapshot import StoredStudies, read_studies
 
 if TYPE_CHECKING:
@@ -107,6 +107,7 @@ class StudyData:
     curves: list[FoldCurve]
     reproductions: int
     retrieval: Retrieval | None = None
+    test_set_selection: bool = False  # traditional protocol: its epoch chosen on the test set
 
 
 @dataclass
@@ -176,6 +177,7 @@ def _study_data(stored: StoredStudies) -> list[StudyData]:
             list(curves[st.id].values()),
             stored.reproductions.get(st.id, 0),
             _retrieval(stored.retrieval.get(st.id), st.config),
+            is_traditional(st.config),
         )
         for st in stored.studies
     ]

@@ -1,6 +1,8 @@
 """The tidy summary of the test-result tables: per (study or baseline, mode, metric) the mean
 and its 95% Student-t interval over reproductions, and the marks within each (dataset,
-protocol) block — best mean, best row, Welch's t-test against the column's best."""
+protocol) block — best mean, best row, Welch's t-test against the column's best. A traditional
+study's lines (``test_set_selection``) are Recall@K, MAP@R (in %) and its chosen epoch (in epochs,
+never marked)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ import pandas as pd
 from scipy import stats
 
 from mlrc.protocol import confidence_interval
-from mlrc.report.values import META_COLUMNS
+from mlrc.report.values import META_COLUMNS, UNMARKED_METRICS
 
-__all__ = ["ALPHA", "TIDY_COLUMNS", "summarize", "welch_p", "with_defaults"]
+__all__ = ["ALPHA", "TIDY_COLUMNS", "summarize", "tidy_columns", "welch_p", "with_defaults"]
 
 ALPHA = 0.05
 TIDY_COLUMNS = [
@@ -38,8 +40,15 @@ TIDY_COLUMNS = [
     "not_worse",
     "complete_trials",
     "nonfinite_trials",
+    "test_set_selection",  # True: the traditional protocol, epoch chosen on the test set
 ]
 _KEYS = ["study", "dataset", "protocol", "loss", "strategy", "pruner", "mode", "metric"]
+
+
+def tidy_columns(summary: pd.DataFrame) -> list[str]:
+    """The CSV's and JSON's columns: :data:`TIDY_COLUMNS` (``test_set_selection`` always there,
+    so a program reading the CSV finds the same columns whatever the selection)."""
+    return TIDY_COLUMNS
 
 
 def welch_p(a: np.ndarray, b: np.ndarray) -> float:
@@ -64,11 +73,13 @@ def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
         "complete_trials": pd.NA,
         "nonfinite_trials": pd.NA,
         "budget_history": "",
+        "test_set_selection": False,
     }
     for c, v in defaults.items():
         if c not in values.columns:
             values[c] = v
-    values["baseline"] = values["baseline"].astype(bool)
+    for c in ("baseline", "test_set_selection"):
+        values[c] = values[c].astype(bool)
     return values
 
 
@@ -79,7 +90,8 @@ def summarize(values: pd.DataFrame, level: float = 0.95, alpha: float = ALPHA) -
     MAP@R), ``p_value`` (Welch's t-test against the column's best study in the block; NaN for
     that study itself and when n < 2 on either side) and ``not_worse`` (True for the best study
     and when p ≥ ``alpha``, False when p < ``alpha``, missing when p is NaN). Baseline lines
-    (``baseline`` True) take no part: never best, no p-value. The :data:`META_COLUMNS` follow."""
+    (``baseline`` True) and the chosen epoch (:data:`UNMARKED_METRICS`) take no part: never best,
+    no p-value. The :data:`META_COLUMNS` follow."""
     summary, samples = _intervals(with_defaults(values), level)
     _mark(summary, samples, alpha)
     return summary
@@ -107,7 +119,8 @@ def _intervals(values: pd.DataFrame, level: float) -> tuple[pd.DataFrame, list[n
     columns = [c for c in TIDY_COLUMNS if c in _KEYS or c in ("mean", "half_width", "n")]
     columns += ["low", "high"] + [c for c in META_COLUMNS if c not in columns]
     summary = pd.DataFrame(out, columns=columns)
-    summary["baseline"] = summary["baseline"].astype(bool)
+    for c in ("baseline", "test_set_selection"):
+        summary[c] = summary[c].astype(bool)
     for c in ("trials_budget", "complete_trials", "nonfinite_trials"):
         summary[c] = summary[c].astype("Int64")
     return summary, samples
@@ -120,7 +133,7 @@ def _mark(summary: pd.DataFrame, samples: list[np.ndarray], alpha: float) -> Non
     summary["best_row"] = False
     summary["p_value"] = math.nan
     summary["not_worse"] = pd.Series([pd.NA] * len(summary), dtype="boolean")
-    compared = summary[~summary["baseline"]]
+    compared = summary[~summary["baseline"] & ~summary["metric"].isin(UNMARKED_METRICS)]
     for _, col in compared.groupby(["dataset", "protocol", "mode", "metric"], sort=False):
         top = col["mean"].max()
         summary.loc[col.index[col["mean"] == top], "best"] = True

@@ -7,7 +7,16 @@ import html
 
 import pandas as pd
 
-from mlrc.report.layout import METRIC_LABELS, MODE_LABELS, Block, Cell, Row, legend, table_blocks
+from mlrc.report.layout import (
+    METRIC_LABELS,
+    MODE_LABELS,
+    Block,
+    Cell,
+    Row,
+    legend,
+    metric_label,
+    table_blocks,
+)
 from mlrc.report.legend import DAGGER
 from mlrc.report.values import MODES
 from mlrc.store import METRIC_COLUMNS
@@ -46,20 +55,31 @@ def _row(r: Row) -> str:
     return f'<tr{attrs} data-row="{esc(r.study)}">' + "".join(tds) + "</tr>"
 
 
-def _table(b: Block) -> list[str]:
-    """A block: its heading and its table."""
+def _head(b: Block) -> list[str]:
+    """A block's two header rows: the modes over their metrics; a traditional block's one model
+    over its Recall@K, MAP@R and Epoch."""
     esc = html.escape
-    title = b.dataset + (f" — protocol {b.protocol}: {b.fields}" if b.diff else "")
+    if b.traditional:
+        groups = f'<th colspan="{len(b.columns)}">one model (512-D), epoch chosen on test</th>'
+        names = "".join(f"<th>{esc(metric_label(m))}</th>" for _, m in b.columns)
+    else:
+        groups = "".join(f'<th colspan="3">{esc(MODE_LABELS[m])}</th>' for m in MODES)
+        names = "".join(f"<th>{esc(METRIC_LABELS[m])}</th>" for _ in MODES for m in METRIC_COLUMNS)
     return [
-        f"<h3>{esc(title)}</h3>",
-        f'<table data-dataset="{esc(b.dataset)}" data-protocol="{esc(b.protocol)}">',
+        '<tr><th rowspan="2" class="label">Loss</th><th rowspan="2">n</th>' + groups + "</tr>",
+        "<tr>" + names + "</tr>",
+    ]
+
+
+def _table(b: Block) -> list[str]:
+    """A block: its heading and its table (a traditional one: ``data-test-set-selection``)."""
+    esc = html.escape
+    flag = ' data-test-set-selection="true"' if b.traditional else ""
+    return [
+        f"<h3>{esc(b.title)}</h3>",
+        f'<table data-dataset="{esc(b.dataset)}" data-protocol="{esc(b.protocol)}"{flag}>',
         "<thead>",
-        '<tr><th rowspan="2" class="label">Loss</th><th rowspan="2">n</th>'
-        + "".join(f'<th colspan="3">{esc(MODE_LABELS[m])}</th>' for m in MODES)
-        + "</tr>",
-        "<tr>"
-        + "".join(f"<th>{esc(METRIC_LABELS[m])}</th>" for _ in MODES for m in METRIC_COLUMNS)
-        + "</tr>",
+        *_head(b),
         "</thead>",
         "<tbody>",
         *[_row(r) for r in b.rows],

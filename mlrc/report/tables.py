@@ -40,6 +40,12 @@ Trials scored 0: a search trial whose loss or embeddings went non-finite is comp
 them per study ("contrastive (cub200): 3 of 50 complete trials scored 0 — …"), the CSV in
 ``nonfinite_trials`` (of ``complete_trials``).
 
+Traditional protocol (``preset.split_scheme: traditional``, :func:`is_traditional`): one model
+trained on all training classes, its epoch chosen on the test classes — test-set selection, a
+leakage. Its block (always its own) shows that one 512-D model's Recall@K (the papers' K of the
+dataset), MAP@R and chosen epoch (not in %, never marked); its rows carry § and the legend a note.
+The CSV's ``test_set_selection`` column (present when a study has it) flags its lines.
+
 Formats: ``md`` (GitHub markdown; underline as ``<ins>``, which GitHub renders, it drops ``<u>``),
 ``csv`` (tidy: one line per row × mode × metric with protocol, protocol_fields, mean, half_width,
 n, low, high, best, best_row, p_value, not_worse, complete_trials, nonfinite_trials; a baseline
@@ -68,6 +74,9 @@ from mlrc.report.legend import (
     NONFINITE_NOTE,
     PROTOCOL_NOTE,
     PRUNED_NOTE,
+    SECTION,
+    TRADITIONAL_NOTE,
+    TRADITIONAL_TITLE,
 )
 from mlrc.report.protocols import (
     MAX_SHOWN_FIELDS,
@@ -84,6 +93,7 @@ from mlrc.report.values import (
     ReportError,
     collect,
     is_nonfinite,
+    is_traditional,
     select_studies,
 )
 
@@ -105,11 +115,15 @@ __all__ = [
     "PROTOCOL_EXCLUDED",
     "PROTOCOL_NOTE",
     "PRUNED_NOTE",
+    "SECTION",
     "TIDY_COLUMNS",
+    "TRADITIONAL_NOTE",
+    "TRADITIONAL_TITLE",
     "VALUE_COLUMNS",
     "ReportError",
     "collect",
     "is_nonfinite",
+    "is_traditional",
     "latex_escape",
     "protocol_differences",
     "protocol_key",

@@ -1,7 +1,9 @@
 """The values of the test-result tables: which studies a selection names
 (:func:`select_studies`) and one row per (study, reproduction, mode, metric) in table order
 (:func:`collect`), each study with its protocol block, and each block's untrained baselines
-first. Reads the store through :mod:`mlrc.store.reads`."""
+first. A traditional study (:func:`is_traditional`: its epoch chosen on the test classes) has
+the lines of :func:`traditional_metrics` instead. Reads the store through
+:mod:`mlrc.store.reads`."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from mlrc.config.presets import is_traditional
 from mlrc.report.protocols import (
     diff_text,
     fields_text,
@@ -27,12 +30,16 @@ if TYPE_CHECKING:
 __all__ = [
     "META_COLUMNS",
     "MODES",
+    "TRADITIONAL_MODE",
+    "UNMARKED_METRICS",
     "VALUE_COLUMNS",
     "ReportError",
     "budget_history",
     "collect",
     "is_nonfinite",
+    "is_traditional",
     "select_studies",
+    "traditional_metrics",
     "trials_budget",
 ]
 
@@ -46,7 +53,11 @@ META_COLUMNS = [
     "complete_trials",
     "nonfinite_trials",  # complete trials scored 0 for a non-finite loss or embeddings
     "budget_history",  # "search.trials 50 → 70 (2026-11-24)"; … when its budgets changed, or ""
+    "test_set_selection",  # traditional protocol: the epoch chosen on the test classes (leakage)
 ]
+TRADITIONAL_MODE = "concatenated"  # a traditional study's one 512-D model (its aggregate row)
+EPOCH = "best_epoch"  # the epoch chosen on the test classes, in epochs (not a percentage)
+UNMARKED_METRICS = (EPOCH,)  # shown with its interval, never bold, †, underlined or tested
 VALUE_COLUMNS = [
     "study",
     "dataset",
@@ -133,6 +144,31 @@ def _trial_counts(
     return complete, nonfinite
 
 
+def traditional_metrics(dataset: str) -> list[str]:
+    """A traditional study's lines, in table order: ``recall_at_{k}`` for the papers' K of
+    ``dataset`` (:func:`mlrc.protocol.analysis.recall_ks`), ``map_at_r`` (both in %) and
+    ``best_epoch`` (in epochs)."""
+    from mlrc.protocol.analysis import recall_ks  # lazily: it loads faiss
+
+    return [f"recall_at_{k}" for k in recall_ks(dataset)] + ["map_at_r", EPOCH]
+
+
+def _metric_values(st: Study, tr: TestResult) -> list[tuple[str, float | None]]:
+    """(metric, value) of one final test row, in table order: the metric columns in % (both
+    modes) for a reality-check study; :func:`traditional_metrics` from its concatenated row (the
+    one model) for a traditional one, Recall@K and MAP@R in %, the epoch as is (None: not
+    stored)."""
+    if not is_traditional(st.config):
+        return [(m, 100.0 * getattr(tr, m)) for m in METRIC_COLUMNS]
+    if tr.mode != TRADITIONAL_MODE:
+        return []
+    stored = {**(tr.extra or {}), "map_at_r": tr.map_at_r}
+    return [
+        (m, None if stored.get(m) is None else float(stored[m]) * (1.0 if m == EPOCH else 100.0))
+        for m in traditional_metrics(st.dataset)
+    ]
+
+
 # --- protocol blocks ----------------------------------------------------------------------------
 
 
@@ -148,10 +184,17 @@ class _Group:
     diff: str = ""  # the dataset's differing fields, "" when it has one protocol
     rank: tuple[int, int] = (0, 0)  # (dataset, protocol within the dataset) in table order
 
+    @property
+    def traditional(self) -> bool:
+        """The protocol chooses the epoch on the test classes (:func:`is_traditional`)."""
+        return is_traditional(self.protocol)
+
 
 def _protocol_groups(ordered: list[Study]) -> list[_Group]:
     """Per dataset, per protocol, a group of the studies (given in table order); datasets and
-    their protocols in the order of their first study, with their differing fields worded."""
+    their protocols in the order of their first study, with their differing fields worded. The
+    fields are compared among the traditional protocols and among the others apart: a
+    traditional block is always a block of its own and leaves the others' headers as they were."""
     by_dataset: dict[str, dict[str, _Group]] = {}
     for st in ordered:
         groups = by_dataset.setdefault(st.dataset, {})
@@ -159,14 +202,22 @@ def _protocol_groups(ordered: list[Study]) -> list[_Group]:
         groups.setdefault(key, _Group(st.dataset, key, protocol_of(st.config))).studies.append(st)
     out = []
     for d_rank, groups in enumerate(by_dataset.values()):
-        diffs = protocol_differences([g.protocol for g in groups.values()])
-        several = len(groups) > 1
         for g_rank, g in enumerate(groups.values()):
-            g.fields = fields_text(diffs, g_rank) if several else ""
-            g.diff = diff_text(diffs) if several else ""
             g.rank = (d_rank, g_rank)
             out.append(g)
+        for traditional in (False, True):
+            _word_differences([g for g in groups.values() if g.traditional == traditional])
     return out
+
+
+def _word_differences(groups: list[_Group]) -> None:
+    """Sets (in place) the differing fields of a dataset's ``groups`` when there are several."""
+    if len(groups) < 2:
+        return
+    diffs = protocol_differences([g.protocol for g in groups])
+    for i, g in enumerate(groups):
+        g.fields = fields_text(diffs, i)
+        g.diff = diff_text(diffs)
 
 
 # --- rows ---------------------------------------------------------------------------------------
@@ -182,7 +233,9 @@ def _study_rows(
     rows = []
     for st, tr in results:
         g = group_of[st.id]
-        for m in METRIC_COLUMNS:
+        for i, (m, value) in enumerate(_metric_values(st, tr)):
+            if value is None:
+                continue
             rows.append(
                 {
                     "study": st.name,
@@ -194,9 +247,10 @@ def _study_rows(
                     "reproduction": tr.reproduction,
                     "mode": tr.mode,
                     "metric": m,
-                    "value": 100.0 * getattr(tr, m),
+                    "value": value,
                     **meta[st.id],
                     "_order": (*g.rank, 1, rank[st.name]),
+                    "_metric": i,
                 }
             )
     return rows
@@ -213,7 +267,9 @@ def _baseline_rows(
     for i, key in enumerate(used):
         label = labels[i] if labels.count(labels[i]) == 1 else f"{labels[i]} [{key[:8]}]"
         for b in baselines.get(key, []):
-            for m in METRIC_COLUMNS:
+            for j, (m, value) in enumerate(_baseline_values(g, b)):
+                if value is None:
+                    continue
                 rows.append(
                     {
                         "study": label,
@@ -225,7 +281,7 @@ def _baseline_rows(
                         "reproduction": 0,
                         "mode": b.mode,
                         "metric": m,
-                        "value": 100.0 * getattr(b, m),
+                        "value": value,
                         "baseline": True,
                         "protocol_fields": g.fields,
                         "protocol_diff": g.diff,
@@ -233,10 +289,27 @@ def _baseline_rows(
                         "complete_trials": None,
                         "nonfinite_trials": None,
                         "budget_history": "",
+                        "test_set_selection": False,  # untrained: no epoch chosen
                         "_order": (*g.rank, 0, i),
+                        "_metric": j,
                     }
                 )
     return rows
+
+
+def _baseline_values(g: _Group, b: Baseline) -> list[tuple[str, float | None]]:
+    """(metric, value in %) of one baseline row, in table order: the metric columns, or in a
+    traditional block its Recall@K and MAP@R (concatenated row only; None: not stored, and no
+    epoch: nothing was trained)."""
+    if not g.traditional:
+        return [(m, 100.0 * getattr(b, m)) for m in METRIC_COLUMNS]
+    if b.mode != TRADITIONAL_MODE:
+        return []
+    stored = {**(b.extra or {}), "map_at_r": b.map_at_r}
+    return [
+        (m, None if m == EPOCH or stored.get(m) is None else 100.0 * float(stored[m]))
+        for m in traditional_metrics(g.dataset)
+    ]
 
 
 def _values_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -244,21 +317,21 @@ def _values_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame(columns=VALUE_COLUMNS)
     mode_rank = {m: i for i, m in enumerate(MODES)}
-    metric_rank = {m: i for i, m in enumerate(METRIC_COLUMNS)}
     rows.sort(
         key=lambda r: (
             *r["_order"],
             mode_rank.get(r["mode"], len(MODES)),
-            metric_rank[r["metric"]],
+            r["_metric"],  # the metric's place among its row's metrics
             r["reproduction"],
         )
     )
     for r in rows:
-        del r["_order"]
+        del r["_order"], r["_metric"]
     values = pd.DataFrame(rows, columns=VALUE_COLUMNS)
     for c in ("trials_budget", "complete_trials", "nonfinite_trials"):
         values[c] = values[c].astype("Int64")
-    values["baseline"] = values["baseline"].astype(bool)
+    for c in ("baseline", "test_set_selection"):
+        values[c] = values[c].astype(bool)
     return values
 
 
@@ -287,6 +360,7 @@ def _study_meta(
             "complete_trials": complete[st.id],
             "nonfinite_trials": nonfinite[st.id],
             "budget_history": budget_history(history.get(st.id, [])),
+            "test_set_selection": g.traditional,
         }
         for g in groups
         for st in g.studies
@@ -300,7 +374,9 @@ def collect(
     order (see :func:`select_studies`), with the study's protocol (:func:`protocol_key`) and
     per-study columns (:data:`META_COLUMNS`). Each (dataset, protocol) block starts with the
     baselines of its studies (``baseline`` True, ``study`` = the baseline's label, ``loss`` =
-    its kind, reproduction 0). Studies without test results are left out."""
+    its kind, reproduction 0). Studies without test results are left out. A traditional study
+    (``test_set_selection`` True) has one mode, ``concatenated``, with the lines of
+    :func:`traditional_metrics` (``best_epoch`` in epochs, the others in %)."""
     names = select_studies(engine, studies, campaigns)
     rank = {n: i for i, n in enumerate(names)}
     data = reads.table_inputs(engine, names)
