@@ -495,9 +495,13 @@ def test_analysis_metrics_are_stored_beside_map_at_r(finished_study):
         "spectral_decay",
         "pi_ratio",
         "metrix_utilization",
+        "best_epoch",  # the epoch the fold model was taken at (the aggregates: their mean)
     }
+    runs = {(f.reproduction, f.fold): f.best_epoch for f in rows(url, FoldRun) if f.kind == "test"}
     for r in results:
         assert set(r.extra) == keys
+        if r.fold >= 0:
+            assert r.extra["best_epoch"] == runs[(r.reproduction, r.fold)]
         # Recall@1 is P@1 when every class has more than one test image (glyphs: 16)
         assert r.extra["recall_at_1"] == pytest.approx(r.precision_at_1, abs=1e-12)
         assert r.extra["recall_at_1"] <= r.extra["recall_at_2"] <= r.extra["recall_at_8"] <= 1
@@ -506,6 +510,8 @@ def test_analysis_metrics_are_stored_beside_map_at_r(finished_study):
         sep = {r.fold: r.extra for r in results if r.reproduction == rep and r.mode == "separated"}
         for k in keys:
             assert sep[-1][k] == pytest.approx(np.mean([sep[f][k] for f in range(4)]))
+        concat = next(r for r in results if r.reproduction == rep and r.mode == "concatenated")
+        assert concat.extra["best_epoch"] == pytest.approx(sep[-1]["best_epoch"])
 
 
 def test_study_with_a_training_strategy(tmp_path):

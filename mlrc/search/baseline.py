@@ -11,7 +11,7 @@ from mlrc import store
 from mlrc.config import ResolvedStudy
 from mlrc.data.transforms import eval_transform
 from mlrc.protocol import retrieval_metrics
-from mlrc.protocol.analysis import analysis_metrics
+from mlrc.protocol.analysis import analysis_metrics, recall_ks
 from mlrc.search.context import Context, code_version
 from mlrc.store import trials
 from mlrc.train import UNTRAINED_SEED, View, embed, untrained_trunk
@@ -57,7 +57,8 @@ def _compute_baseline(ctx: Context, key: str, config: dict[str, Any]) -> None:
     )
     m = retrieval_metrics(emb, labels, device=ctx.device)
     m.pop("num_queries")
-    m |= analysis_metrics(emb, labels, seed=r.study.search.seed)
+    ks = (1, 2, 4, 8, *recall_ks(r.study.dataset.name))  # as the test rows (test_stage)
+    m |= analysis_metrics(emb, labels, seed=r.study.search.seed, ks=ks)
     trials.record_baseline(
         ctx.engine,
         key,

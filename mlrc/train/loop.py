@@ -164,12 +164,14 @@ def restore(run: FoldRun, state: dict[str, Any]) -> None:
 
 
 def validate_untrained(run: FoldRun) -> FoldResult | None:
-    """Epoch 0: the untrained model, a candidate for best (as PML's hooks); the failed result
+    """Epoch 0: the untrained model, a candidate for best (as PML's hooks; not under the
+    traditional preset, whose papers evaluate after each trained epoch only); the failed result
     if its embeddings are non-finite."""
     rec = validate(run, 0, None)
     if isinstance(rec, str):
         return finish(run, "failed", rec, 0)
-    consider_best(run, rec)
+    if run.spec.preset.split_scheme != "traditional":  # the papers pick trained epochs only
+        consider_best(run, rec)
     record_epoch(run, 0)
     return None
 
