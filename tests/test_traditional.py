@@ -316,3 +316,15 @@ def test_reference_presets_are_unchanged_by_the_new_fields():
         p: Preset = load_preset(name)
         assert (p.selection_metric, p.lr_schedule, p.warmup_epochs) == ("map_at_r", None, 0)
         assert p.loss_optimizer.name == "rmsprop"
+
+
+def test_dashboard_names_the_test_set_values(tested):
+    """The study's section says what its search value and curves are: test-set numbers (§)."""
+    from mlrc.report.dashboard import Dashboard
+
+    path, url = tested
+    cli("study", "run", str(path), "--storage", url, "--quiet")  # one trial: a history to draw
+    page = Dashboard(url).page(plotly_js="cdn")
+    assert "best so far: trial 0, test R@1 §" in page
+    assert "<th>test R@1 §</th>" in page and "<th>fold test MAP@R §</th>" in page
+    assert "val MAP@R" not in page  # no reality-check study in this store

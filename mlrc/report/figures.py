@@ -84,7 +84,7 @@ def history_figure(study: StudyData) -> go.Figure | None:
         return None
     best = _best_so_far(done)
     fig = go.Figure()
-    fig.add_trace(_trials_trace([t for t in done if not t.nonfinite]))
+    fig.add_trace(_trials_trace([t for t in done if not t.nonfinite], study.value_label))
     fig.add_trace(_best_trace(done, best))
     zeros = [t for t in done if t.nonfinite]
     if zeros:
@@ -97,7 +97,7 @@ def history_figure(study: StudyData) -> go.Figure | None:
     return layout(
         fig,
         xaxis_title="trial",
-        yaxis_title="val MAP@R (mean over folds)",
+        yaxis_title=f"{study.value_label} (mean over folds)",
         legend={"orientation": "h", "y": 1.08},
         xaxis={"dtick": 1} if len(study.trials) <= 20 else {},
     )
@@ -112,7 +112,7 @@ def _best_so_far(done: list[TrialRow]) -> list[float]:
     return best
 
 
-def _trials_trace(scored: list[TrialRow]) -> go.Scatter:
+def _trials_trace(scored: list[TrialRow], label: str = "val MAP@R") -> go.Scatter:
     import plotly.graph_objects as go
 
     return go.Scatter(
@@ -123,7 +123,7 @@ def _trials_trace(scored: list[TrialRow]) -> go.Scatter:
         name="trial (mean ± SEM over folds)",
         marker={"size": 9, "color": "#4C78A8"},
         meta={"role": "trials"},
-        hovertemplate="trial %{x}<br>val MAP@R %{y:.4f} ± %{error_y.array:.4f}<extra></extra>",
+        hovertemplate=f"trial %{{x}}<br>{label} %{{y:.4f}} ± %{{error_y.array:.4f}}<extra></extra>",
     )
 
 
@@ -199,13 +199,16 @@ def fold_curves_figure(study: StudyData) -> go.Figure | None:
             "visible": True if c.trial in shown else "legendonly",
         }
         col = folds.index(c.fold) + 1
-        fig.add_trace(_curve_trace(c, name, name not in legend_done, **style), row=1, col=col)
+        label = study.curve_label
+        fig.add_trace(
+            _curve_trace(c, name, name not in legend_done, label=label, **style), row=1, col=col
+        )
         legend_done.add(name)
         if c.best_epoch is not None and c.best_epoch in c.epochs:
-            fig.add_trace(_best_epoch_trace(c, name, **style), row=1, col=col)
+            fig.add_trace(_best_epoch_trace(c, name, label=label, **style), row=1, col=col)
     last = max(c.epochs[-1] for c in curves)
     fig.update_xaxes(title_text="epoch", **({"dtick": 1} if last <= 20 else {}))
-    fig.update_yaxes(title_text="val MAP@R", row=1, col=1)
+    fig.update_yaxes(title_text=study.curve_label, row=1, col=1)
     return layout(fig, height=400, legend={"title": {"text": "★ best epoch"}})
 
 
@@ -221,7 +224,12 @@ def _shown_trials(
 
 
 def _curve_trace(
-    c: FoldCurve, name: str, showlegend: bool, color: str, visible: bool | str
+    c: FoldCurve,
+    name: str,
+    showlegend: bool,
+    color: str,
+    visible: bool | str,
+    label: str = "val MAP@R",
 ) -> go.Scatter:
     """One fold run's validation MAP@R by epoch (dashed while it runs)."""
     import plotly.graph_objects as go
@@ -238,12 +246,14 @@ def _curve_trace(
         marker={"size": 5},
         customdata=[[v if v is not None else math.nan] for v in c.train_loss],
         meta={"role": "curve", "trial": c.trial, "fold": c.fold, "id": c.fold_run_id},
-        hovertemplate=f"{name}, fold {c.fold}<br>epoch %{{x}}: val MAP@R %{{y:.4f}}"
+        hovertemplate=f"{name}, fold {c.fold}<br>epoch %{{x}}: {label} %{{y:.4f}}"
         "<br>train loss %{customdata[0]:.4f}<extra></extra>",
     )
 
 
-def _best_epoch_trace(c: FoldCurve, name: str, color: str, visible: bool | str) -> go.Scatter:
+def _best_epoch_trace(
+    c: FoldCurve, name: str, color: str, visible: bool | str, label: str = "val MAP@R"
+) -> go.Scatter:
     """A star on the fold run's best (early-stopping) epoch."""
     import plotly.graph_objects as go
 
@@ -257,7 +267,7 @@ def _best_epoch_trace(c: FoldCurve, name: str, color: str, visible: bool | str) 
         visible=visible,
         marker={"symbol": "star", "size": 14, "color": color, "line": {"width": 1}},
         meta={"role": "best_epoch", "trial": c.trial, "fold": c.fold},
-        hovertemplate=f"{name}, fold {c.fold}: best epoch %{{x}}, val MAP@R "
+        hovertemplate=f"{name}, fold {c.fold}: best epoch %{{x}}, {label} "
         f"%{{y:.4f}} (stopped after epoch {c.epochs[-1]})<extra></extra>",
     )
 

@@ -229,9 +229,10 @@ def _best_line(study: StudyData) -> str:
     if not done:
         return ""
     best = max(done, key=lambda t: t.value)
+    sem = f" ± {_fmt(best.sem)} (SEM over folds)" if best.sem is not None else ""
     return (
-        f'<div class="facts">best so far: trial {best.number}, val MAP@R '
-        f"{_fmt(best.value)} ± {_fmt(best.sem)} (SEM over folds); "
+        f'<div class="facts">best so far: trial {best.number}, {esc(study.value_label)} '
+        f"{_fmt(best.value)}{sem}; "
         f"{esc(', '.join(f'{k}={_fmt_param(v)}' for k, v in best.params.items()))}</div>"
     )
 
@@ -399,8 +400,9 @@ def _trial_table(study: StudyData) -> str:
     for c in study.curves:
         by_hash.setdefault(c.params_hash, []).append(c)
     head = (
-        "<tr><th>trial</th><th>state</th><th>val MAP@R</th><th>± SEM</th><th>parameters</th>"
-        "<th>folds done</th><th>best epochs</th><th>fold val MAP@R</th><th>reason</th></tr>"
+        f"<tr><th>trial</th><th>state</th><th>{esc(study.value_label)}</th><th>± SEM</th>"
+        "<th>parameters</th><th>folds done</th><th>best epochs</th>"
+        f"<th>fold {esc(study.curve_label)}</th><th>reason</th></tr>"
     )
     rows = [_trial_row(t, by_hash.get(t.params_hash, [])) for t in study.trials]
     return f'<table class="trials">{head}{"".join(rows)}</table>'

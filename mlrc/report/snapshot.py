@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mlrc import data, store
+from mlrc.config.presets import objective_label
 from mlrc.errors import first_line
 from mlrc.report.tables import collect, is_nonfinite, is_traditional, select_studies, summarize
 from mlrc.store.snapshot import StoredStudies, read_studies
@@ -108,6 +109,8 @@ class StudyData:
     reproductions: int
     retrieval: Retrieval | None = None
     test_set_selection: bool = False  # traditional protocol: its epoch chosen on the test set
+    value_label: str = "val MAP@R"  # what its search maximises (objective_label)
+    curve_label: str = "val MAP@R"  # what its fold curves show, per epoch
 
 
 @dataclass
@@ -178,6 +181,8 @@ def _study_data(stored: StoredStudies) -> list[StudyData]:
             stored.reproductions.get(st.id, 0),
             _retrieval(stored.retrieval.get(st.id), st.config),
             is_traditional(st.config),
+            objective_label(st.config),
+            "test MAP@R §" if is_traditional(st.config) else "val MAP@R",
         )
         for st in stored.studies
     ]
