@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# One cache per test session (unless the caller sets one): mlrc processes elsewhere on the host
+# (another test session, a study) register in $MLRC_CACHE/workers and would change this
+# session's fair CPU share — hence torch's thread count, hence the numbers tests compare — and
+# tracebacks of failing commands stay out of ~/.cache/mlrc/logs.
+if "MLRC_CACHE" not in os.environ:
+    os.environ["MLRC_CACHE"] = tempfile.mkdtemp(prefix="mlrc-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["MLRC_CACHE"], ignore_errors=True)
 OMNIGLOT_DEFAULT = REPO.parent / "shared" / "datasets" / "omniglot" / "images_background_small1.zip"
 
 

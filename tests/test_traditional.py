@@ -70,8 +70,10 @@ def test_a_custom_split_takes_test_classes_only():
 def test_folds_and_scheme_must_agree():
     with pytest.raises(ConfigError, match="exactly one fold"):
         load_preset("traditional", {"folds": 4})
-    with pytest.raises(ConfigError, match="exactly one fold"):
+    with pytest.raises(ConfigError, match="'mlrc' needs at least 2 folds, got 1"):
         load_preset("cpu", {"folds": 1})
+    with pytest.raises(ConfigError, match="use precision_at_1"):
+        load_preset("traditional", {"selection_metric": "recall_at_1"})
     assert load_preset("cpu", {"folds": 1, "split_scheme": "traditional"}).folds == 1
 
 

@@ -136,7 +136,9 @@ class ScheduleSpec(Strict):
         if (self.step_size is None) == (self.milestones is None):
             raise ValueError("give either step_size or milestones")
         if self.milestones is not None:
-            if not self.milestones or any(e < 1 for e in self.milestones):
+            if not self.milestones:
+                raise ValueError("milestones is empty (give the epochs after which lr × gamma)")
+            if any(e < 1 for e in self.milestones):
                 raise ValueError("milestones must be epochs >= 1")
             if sorted(set(self.milestones)) != self.milestones:
                 raise ValueError("milestones must be increasing")
@@ -256,6 +258,13 @@ class Preset(Strict):
     search: SearchSpec = SearchSpec(trials=50, sampler="gp")
     test: TestSpec = TestSpec(reproductions=10)
 
+    @field_validator("selection_metric", mode="before")
+    @classmethod
+    def _recall_at_1_is_p_at_1(cls, value: Any) -> Any:
+        if value == "recall_at_1":
+            raise ValueError("use precision_at_1 (P@1 is Recall@1)")
+        return value
+
     @field_validator("pretrained", mode="before")
     @classmethod
     def _pretrained_mapping(cls, value: Any) -> Any:
@@ -275,10 +284,15 @@ class Preset(Strict):
         for key in ("validate_every", "patience"):
             if "default" not in getattr(self, key):
                 raise ValueError(f"{key} needs a 'default' entry")
-        if (self.split_scheme == "traditional") != (self.folds == 1):
+        if self.split_scheme == "traditional" and self.folds != 1:
             raise ValueError(
-                "folds: the traditional split_scheme has exactly one fold (folds: 1); "
-                f"{self.split_scheme!r} needs at least 2 (got folds: {self.folds})"
+                f"folds: the traditional split_scheme has exactly one fold (folds: 1), got "
+                f"{self.folds}"
+            )
+        if self.split_scheme != "traditional" and self.folds < 2:
+            raise ValueError(
+                f"folds: split_scheme {self.split_scheme!r} needs at least 2 folds, got "
+                f"{self.folds} (one fold is split_scheme: traditional)"
             )
         timm_name = self.trunk.removeprefix("timm:") if self.trunk.startswith("timm:") else None
         if timm_name is None:
