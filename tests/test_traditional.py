@@ -330,3 +330,43 @@ def test_dashboard_names_the_test_set_values(tested):
     assert "best so far: trial 0, test R@1 §" in page
     assert "<th>test R@1 §</th>" in page and "<th>fold test MAP@R §</th>" in page
     assert "val MAP@R" not in page  # no reality-check study in this store
+
+
+def test_a_search_under_the_traditional_preset_maximises_the_test_recall(tmp_path):
+    """A study may search instead of fixing: each trial is its one fold's best test R@1 over
+    trained epochs (no SEM: one fold) — the leakage the § marks."""
+    doc = {
+        "name": "trad-search",
+        "dataset": {"name": "glyphs"},
+        "preset": "traditional",
+        "loss": {
+            "name": "contrastive",
+            "search": {"neg_margin": {"low": 0.5, "high": 1.5}},
+            "params": {"pos_margin": 0.0},
+        },
+        "search": {"trials": 2, "sampler": "tpe", "seed": 0},
+        "overrides": {**TINY, "max_epochs": 2},
+    }
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    cli(
+        "study", "run", str(path), "--storage", url, "--artifacts", str(tmp_path / "art"), "--quiet"
+    )
+    from mlrc.store import Trial
+
+    with store.session(store.connect(url)) as s:
+        trials = s.execute(select(Trial)).scalars().all()
+        runs = s.execute(select(FoldRun).filter_by(kind="search")).scalars().all()
+        curves = {
+            r.params_hash: [
+                e for e in s.execute(select(EpochMetric).filter_by(fold_run_id=r.id)).scalars()
+            ]
+            for r in runs
+        }
+    assert len(trials) == 2 and len(runs) == 2 and {r.fold for r in runs} == {0}
+    for t in trials:
+        (run,) = [r for r in runs if r.params_hash == t.params_hash]
+        best_test_r1 = max(e.precision_at_1 for e in curves[run.params_hash] if e.epoch >= 1)
+        assert t.state == "complete" and t.sem is None
+        assert t.value == pytest.approx(best_test_r1, abs=1e-12)
