@@ -157,7 +157,7 @@ def _tests_section(snap: Snapshot) -> str:
             "concatenated = their 512-D concatenation."
         )
         if snap.summary["test_set_selection"].any():
-            caption += f" {tables.SECTION}: {tables.TRADITIONAL_TITLE} (leakage; one 512-D model)."
+            caption += f" {tables.SECTION}: {tables.TRADITIONAL_TITLE} (leakage; one model)."
         results = _figure_html(fig, "test-map", "test", None, caption)
         results += "\n" + _test_table(snap.summary)
     campaigns = f" — campaign {esc(', '.join(snap.campaigns))}" if snap.campaigns else ""

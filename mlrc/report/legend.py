@@ -54,6 +54,7 @@ TRADITIONAL_TITLE = "traditional protocol: epoch chosen on the test set"
 TRADITIONAL_NOTE = (
     f"{SECTION} traditional protocol (the seed papers' own tables): one model trained on all "
     "training classes, its epoch chosen on the test classes — test-set selection, a leakage; "
-    "not comparable with the reality-check rows. Its block shows that one 512-D model: Recall@K "
-    "and MAP@R in %, and the chosen epoch (mean ± 95% half-width in epochs, never marked)."
+    "not comparable with the reality-check rows. Its block shows that one model (512-D in the "
+    "preset): Recall@K and MAP@R in %, and the chosen epoch (mean ± 95% half-width in epochs, "
+    "never marked)."
 )

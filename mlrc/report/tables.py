@@ -42,7 +42,7 @@ them per study ("contrastive (cub200): 3 of 50 complete trials scored 0 — …"
 
 Traditional protocol (``preset.split_scheme: traditional``, :func:`is_traditional`): one model
 trained on all training classes, its epoch chosen on the test classes — test-set selection, a
-leakage. Its block (always its own) shows that one 512-D model's Recall@K (the papers' K of the
+leakage. Its block (always its own) shows that one model's Recall@K (the papers' K of the
 dataset), MAP@R and chosen epoch (not in %, never marked); its rows carry § and the legend a note.
 The CSV's ``test_set_selection`` column (present when a study has it) flags its lines.
 

@@ -55,7 +55,7 @@ META_COLUMNS = [
     "budget_history",  # "search.trials 50 → 70 (2026-11-24)"; … when its budgets changed, or ""
     "test_set_selection",  # traditional protocol: the epoch chosen on the test classes (leakage)
 ]
-TRADITIONAL_MODE = "concatenated"  # a traditional study's one 512-D model (its aggregate row)
+TRADITIONAL_MODE = "concatenated"  # a traditional study's one model (its aggregate row)
 EPOCH = "best_epoch"  # the epoch chosen on the test classes, in epochs (not a percentage)
 UNMARKED_METRICS = (EPOCH,)  # shown with its interval, never bold, †, underlined or tested
 VALUE_COLUMNS = [
