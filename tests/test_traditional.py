@@ -57,6 +57,7 @@ def test_one_fold_trains_on_the_first_half_and_validates_on_the_test_half():
     assert fold.index == 0
     assert fold.train_classes == split.trainval_classes
     assert fold.val_classes == split.test_classes  # test-set selection, by definition
+    assert split.summary().startswith("20 train classes, 20 test classes, no folds")
 
 
 def test_a_custom_split_takes_test_classes_only():

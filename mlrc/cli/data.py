@@ -22,7 +22,7 @@ data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, summarise, ch
 
 DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="dataset name (mlrc data list)")]
 RootOpt = Annotated[Path | None, typer.Option("--root", help="dataset root (folder or zip)")]
-SchemeOpt = Annotated[str, typer.Option(help="fold scheme: kfold or mlrc")]
+SchemeOpt = Annotated[str, typer.Option(help="fold scheme: kfold, mlrc or traditional")]
 SplitOpt = Annotated[
     str | None,
     typer.Option(
@@ -70,7 +70,8 @@ def data_summary(
     scheme: Annotated[
         str | None,
         typer.Option(
-            help="fold scheme: kfold or mlrc (default kfold; with --split, mlrc as the presets)"
+            help="fold scheme: kfold, mlrc or traditional (no folds: the test classes validate); "
+            "default kfold, with --split mlrc as the presets"
         ),
     ] = None,
     folds: Annotated[int, typer.Option(help="number of folds")] = 4,

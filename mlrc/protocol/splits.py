@@ -62,6 +62,17 @@ class Split:
 
     def summary(self) -> str:
         """A one-paragraph human summary with class ranges per fold."""
+        if self.scheme == "traditional":
+            return (
+                f"{len(self.trainval_classes)} train classes, {len(self.test_classes)} test "
+                "classes, no folds (scheme 'traditional'): one model trains on every train "
+                "class and is validated on the test classes (test-set selection)"
+                + (
+                    f"\n  test: {_ranges(self.test_classes)} (from {self.origin})"
+                    if self.origin
+                    else ""
+                )
+            )
         lines = [
             f"{len(self.trainval_classes)} train+val classes, {len(self.test_classes)} test "
             f"classes, {len(self.folds)} folds (scheme {self.scheme!r})"
