@@ -11,18 +11,14 @@ CUB/Cars/SOP (studies/campaigns/modern.yaml is that run, for a GPU cluster)."""
 
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
+from example_run import REPO, SHOWN_ZIP, arguments, environment, mlrc
 
-REPO = Path(__file__).resolve().parents[1]
-ZIP = REPO.parent / "shared" / "datasets" / "omniglot" / "images_background_small1.zip"
 OUT = REPO / "docs" / "examples" / "modern-omniglot.md"
 
 CAMPAIGN = {
@@ -52,24 +48,11 @@ CAMPAIGN = {
 }
 
 
-def mlrc(*args: str, env: dict[str, str]) -> str:
-    cmd = [sys.executable, "-m", "mlrc.cli", *args]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(args[:2])} failed:\n{done.stdout}\n{done.stderr}")
-    return done.stdout
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--zip", type=Path, default=Path(os.environ.get("MLRC_OMNIGLOT_ZIP", ZIP)))
-    ap.add_argument("--out", type=Path, default=OUT)
-    args = ap.parse_args()
-    if not args.zip.is_file():
-        sys.exit(f"--zip {args.zip}: no such file (the Omniglot subset of ../shared/datasets)")
+    args = arguments(__doc__.splitlines()[0], OUT)
     doc = yaml.safe_load(yaml.safe_dump(CAMPAIGN))
     doc["datasets"][0]["root"] = str(args.zip.resolve())
-    env = {**os.environ, "MLRC_THREADS": os.environ.get("MLRC_THREADS", "2")}
+    env = environment()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "campaign.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -82,7 +65,7 @@ def main() -> None:
     from common import machine
 
     shown = yaml.safe_load(yaml.safe_dump(CAMPAIGN))
-    shown["datasets"][0]["root"] = "../shared/datasets/omniglot/images_background_small1.zip"
+    shown["datasets"][0]["root"] = SHOWN_ZIP
     page = [
         "# Example: the modern recipe on Omniglot (CPU)",
         "",

@@ -12,18 +12,14 @@ report (`mlrc report`'s markdown), with the machine and the wall time."""
 
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
+from example_run import REPO, SHOWN_ZIP, arguments, environment, mlrc
 
-REPO = Path(__file__).resolve().parents[1]
-ZIP = REPO.parent / "shared" / "datasets" / "omniglot" / "images_background_small1.zip"
 OUT = REPO / "docs" / "examples" / "traditional-omniglot.md"
 
 # The papers' values (PML's defaults for contrastive); proxies at 10 × the trunk's lr.
@@ -68,23 +64,9 @@ def study(loss: str, preset: str, root: str) -> dict:
     }
 
 
-def mlrc(*args: str, env: dict[str, str]) -> str:
-    cmd = [sys.executable, "-m", "mlrc.cli", *args]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(args[:2])} failed:\n{done.stdout}\n{done.stderr}")
-    return done.stdout
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--zip", type=Path, default=Path(os.environ.get("MLRC_OMNIGLOT_ZIP", ZIP)))
-    ap.add_argument("--out", type=Path, default=OUT)
-    args = ap.parse_args()
-    if not args.zip.is_file():
-        sys.exit(f"--zip {args.zip}: no such file (the Omniglot subset of ../shared/datasets)")
-    env = {**os.environ, "MLRC_THREADS": os.environ.get("MLRC_THREADS", "2")}
-    shown_root = "../shared/datasets/omniglot/images_background_small1.zip"
+    args = arguments(__doc__.splitlines()[0], OUT)
+    env = environment()
     with tempfile.TemporaryDirectory() as tmp:
         store = ["--storage", f"sqlite:///{tmp}/store.db"]
         t0 = time.monotonic()
@@ -131,7 +113,7 @@ def main() -> None:
         "## The traditional study files (the cpu ones: `preset: cpu`, no overrides)",
         "",
         "```yaml",
-        yaml.safe_dump(study("proxy_anchor", "traditional", shown_root), sort_keys=False).rstrip(),
+        yaml.safe_dump(study("proxy_anchor", "traditional", SHOWN_ZIP), sort_keys=False).rstrip(),
         "```",
         "",
         "## `mlrc report`",
