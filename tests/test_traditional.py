@@ -290,6 +290,17 @@ def test_test_rows_are_the_validation_of_the_chosen_epoch(tested):
             }
 
 
+def test_export_of_a_fixed_study_needs_no_trial(tested, tmp_path):
+    """A study with nothing to search is tested without a trial; `mlrc study export` writes its
+    fixed parameters and whole preset all the same (runs before the status test's trial)."""
+    path, url = tested
+    out = tmp_path / "exported.yaml"
+    cli("study", "export", "trad", "--out", str(out), "--storage", url)
+    original, exported = load_study(path), load_study(out)
+    assert exported.fixed == original.fixed and not exported.space
+    assert exported.preset == original.preset  # split_scheme, schedule, selection, ...
+
+
 def test_status_names_the_test_set_selection(tested):
     path, url = tested
     cli("study", "run", str(path), "--storage", url, "--quiet")

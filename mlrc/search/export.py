@@ -95,10 +95,13 @@ def export_study_file(engine: Engine, name: str, new_name: str | None = None) ->
     if row is None:
         raise StudyError(f"no study {name!r} in the store")
     best = trials.best_trial(engine, row.id)
-    if best is None:
+    if best is not None:
+        params = dict(best.params)
+    elif not row.config.get("space"):  # nothing to search (as the traditional files): fixed
+        params = dict(row.config.get("fixed") or {})
+    else:
         raise StudyError(f"study {name!r} has no complete trial yet: run `mlrc study run` first")
     stored = row.config["study"]
-    params = dict(best.params)
     parts: dict[str, dict[str, Any]] = {"loss": {}, "miner": {}, "strategy": {}}
     for k, v in params.items():
         part = next((p for p in ("miner", "strategy") if k.startswith(f"{p}.")), "loss")
