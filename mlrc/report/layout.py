@@ -14,6 +14,7 @@ from mlrc.report.legend import (
     BASELINE_NOTES,
     DDAGGER,
     LEGEND,
+    LEGEND_ONE_MODEL,
     NONFINITE_NOTE,
     PROTOCOL_NOTE,
     PRUNED_NOTE,
@@ -266,5 +267,7 @@ def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
 
 
 def legend(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
-    """The legend of a table of ``blocks``: the marks (:data:`LEGEND`), then its notes."""
-    return LEGEND + notes(summary, blocks)
+    """The legend of a table of ``blocks``: the marks (:data:`LEGEND`; with traditional blocks
+    only, :data:`LEGEND_ONE_MODEL`), then its notes."""
+    one_model = bool(blocks) and all(b.traditional for b in blocks)
+    return (LEGEND_ONE_MODEL if one_model else LEGEND) + notes(summary, blocks)

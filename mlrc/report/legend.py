@@ -10,6 +10,7 @@ __all__ = [
     "DAGGER",
     "DDAGGER",
     "LEGEND",
+    "LEGEND_ONE_MODEL",
     "NONFINITE_NOTE",
     "PROTOCOL_NOTE",
     "PRUNED_NOTE",
@@ -29,6 +30,15 @@ LEGEND = [
     "Underlined: the block's best row (highest concatenated MAP@R).",
     f"{DAGGER} not significantly worse than the column's best at p ≥ 0.05 (Welch's t-test over "
     "reproductions); the best row itself is not marked.",
+]
+# The marks when every block is traditional: one model per reproduction, no separated or
+# concatenated modes to explain.
+LEGEND_ONE_MODEL = [
+    "Values in %: mean ± half-width of the 95% Student-t confidence interval over the n "
+    "reproductions (one model each).",
+    "Bold: best mean in its column within its block. "
+    "Underlined: the block's best row (highest MAP@R).",
+    LEGEND[2],
 ]
 PRUNED_NOTE = (
     f"{DDAGGER} searched with opt-in median pruning (search.pruner): trials below the median "
