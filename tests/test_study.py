@@ -174,7 +174,9 @@ def test_report_formats_and_ci_against_scipy(finished_study, tmp_path):
         "not_worse",
         "complete_trials",
         "nonfinite_trials",
+        "test_set_selection",
     ]
+    assert not table["test_set_selection"].any()  # the reality check's protocol
     baseline = table[table["loss"] == "random_init"]  # the untrained tiny_cnn, first, n = 1
     assert len(baseline) == 6 and (baseline["n"] == 1).all() and baseline["half_width"].isna().all()
     table = table[table["loss"] != "random_init"]

@@ -176,7 +176,7 @@ UNKNOWN_NAMES = [
         "preset",
         patch("preset: refrence"),
         "preset: unknown preset 'refrence'; did you mean 'reference'? "
-        "(available: cpu, modern, reference, or a path to a preset YAML)",
+        "(available: cpu, modern, reference, traditional, or a path to a preset YAML)",
     ),
     case(
         "sampler",
