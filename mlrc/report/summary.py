@@ -16,7 +16,7 @@ from scipy import stats
 from mlrc.protocol import confidence_interval
 from mlrc.report.values import META_COLUMNS, UNMARKED_METRICS
 
-__all__ = ["ALPHA", "TIDY_COLUMNS", "summarize", "tidy_columns", "welch_p", "with_defaults"]
+__all__ = ["ALPHA", "TIDY_COLUMNS", "summarize", "welch_p", "with_defaults"]
 
 ALPHA = 0.05
 TIDY_COLUMNS = [
@@ -43,12 +43,6 @@ TIDY_COLUMNS = [
     "test_set_selection",  # True: the traditional protocol, epoch chosen on the test set
 ]
 _KEYS = ["study", "dataset", "protocol", "loss", "strategy", "pruner", "mode", "metric"]
-
-
-def tidy_columns(summary: pd.DataFrame) -> list[str]:
-    """The CSV's and JSON's columns: :data:`TIDY_COLUMNS` (``test_set_selection`` always there,
-    so a program reading the CSV finds the same columns whatever the selection)."""
-    return TIDY_COLUMNS
 
 
 def welch_p(a: np.ndarray, b: np.ndarray) -> float:

@@ -153,19 +153,21 @@ def traditional_metrics(dataset: str) -> list[str]:
     return [f"recall_at_{k}" for k in recall_ks(dataset)] + ["map_at_r", EPOCH]
 
 
-def _metric_values(st: Study, tr: TestResult) -> list[tuple[str, float | None]]:
-    """(metric, value) of one final test row, in table order: the metric columns in % (both
-    modes) for a reality-check study; :func:`traditional_metrics` from its concatenated row (the
-    one model) for a traditional one, Recall@K and MAP@R in %, the epoch as is (None: not
-    stored)."""
-    if not is_traditional(st.config):
-        return [(m, 100.0 * getattr(tr, m)) for m in METRIC_COLUMNS]
-    if tr.mode != TRADITIONAL_MODE:
+def _row_values(
+    row: TestResult | Baseline, traditional: bool, dataset: str
+) -> list[tuple[str, float | None]]:
+    """(metric, value) of one stored test or baseline row, in table order: the metric columns in
+    % (both modes) in a reality-check block; in a traditional block :func:`traditional_metrics`
+    from the concatenated row (the one model), Recall@K and MAP@R in %, the epoch as is (None:
+    not stored — a baseline trained no epoch)."""
+    if not traditional:
+        return [(m, 100.0 * getattr(row, m)) for m in METRIC_COLUMNS]
+    if row.mode != TRADITIONAL_MODE:
         return []
-    stored = {**(tr.extra or {}), "map_at_r": tr.map_at_r}
+    stored = {**(row.extra or {}), "map_at_r": row.map_at_r}
     return [
         (m, None if stored.get(m) is None else float(stored[m]) * (1.0 if m == EPOCH else 100.0))
-        for m in traditional_metrics(st.dataset)
+        for m in traditional_metrics(dataset)
     ]
 
 
@@ -233,7 +235,7 @@ def _study_rows(
     rows = []
     for st, tr in results:
         g = group_of[st.id]
-        for i, (m, value) in enumerate(_metric_values(st, tr)):
+        for i, (m, value) in enumerate(_row_values(tr, is_traditional(st.config), st.dataset)):
             if value is None:
                 continue
             rows.append(
@@ -267,7 +269,7 @@ def _baseline_rows(
     for i, key in enumerate(used):
         label = labels[i] if labels.count(labels[i]) == 1 else f"{labels[i]} [{key[:8]}]"
         for b in baselines.get(key, []):
-            for j, (m, value) in enumerate(_baseline_values(g, b)):
+            for j, (m, value) in enumerate(_row_values(b, g.traditional, g.dataset)):
                 if value is None:
                     continue
                 rows.append(
@@ -295,21 +297,6 @@ def _baseline_rows(
                     }
                 )
     return rows
-
-
-def _baseline_values(g: _Group, b: Baseline) -> list[tuple[str, float | None]]:
-    """(metric, value in %) of one baseline row, in table order: the metric columns, or in a
-    traditional block its Recall@K and MAP@R (concatenated row only; None: not stored, and no
-    epoch: nothing was trained)."""
-    if not g.traditional:
-        return [(m, 100.0 * getattr(b, m)) for m in METRIC_COLUMNS]
-    if b.mode != TRADITIONAL_MODE:
-        return []
-    stored = {**(b.extra or {}), "map_at_r": b.map_at_r}
-    return [
-        (m, None if m == EPOCH or stored.get(m) is None else 100.0 * float(stored[m]))
-        for m in traditional_metrics(g.dataset)
-    ]
 
 
 def _values_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
