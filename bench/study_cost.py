@@ -3,6 +3,9 @@ without ``search.pruner: median``, on a 24-trial cpu-preset study of the Omniglo
 
     .venv/bin/python bench/study_cost.py [--trials 24] [--dataset PATH.zip] [--max-epochs N]
 
+Without --dataset (or $MLRC_OMNIGLOT_ZIP) the studies' Omniglot has no root: mlrc downloads the
+zip once into $MLRC_CACHE and checks its SHA-256.
+
 Two studies that differ only in ``search.pruner`` (none | median, ``prune_startup`` 5) run with
 ``mlrc study run`` (two processes at once unless ``--sequential``; each with one thread) into
 one SQLite store. Counted from the store: fold trainings (search-stage fold runs) in all trials
@@ -36,14 +39,11 @@ from common import machine, write_csv  # noqa: E402
 from mlrc import store  # noqa: E402
 from mlrc.store import FoldRun, Study, Trial  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-OMNIGLOT = REPO.parent / "shared" / "datasets" / "omniglot" / "images_background_small1.zip"
-
 
 def study_file(tmp: Path, pruner: str, a: argparse.Namespace) -> Path:
     doc = {
         "name": f"cost-{pruner}",
-        "dataset": {"name": "omniglot", "root": str(a.dataset)},
+        "dataset": {"name": "omniglot", **({"root": str(a.dataset)} if a.dataset else {})},
         "preset": "cpu",
         "loss": {"name": "contrastive"},
         "search": {
@@ -116,9 +116,7 @@ def figures(url: str, name: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=24)
-    ap.add_argument(
-        "--dataset", type=Path, default=Path(os.environ.get("MLRC_OMNIGLOT_ZIP", OMNIGLOT))
-    )
+    ap.add_argument("--dataset", type=Path, default=os.environ.get("MLRC_OMNIGLOT_ZIP") or None)
     ap.add_argument("--max-epochs", type=int, default=None, help="override the cpu preset's 16")
     ap.add_argument("--sampler", default="gp", choices=["gp", "tpe"])
     ap.add_argument("--seed", type=int, default=0)
@@ -129,7 +127,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.quick:
         a.trials, a.max_epochs, a.prune_startup = 6, 3, 2
-    if not a.dataset.is_file():
+    if a.dataset is not None and not a.dataset.is_file():
         raise SystemExit(f"{a.dataset}: the Omniglot subset zip is missing (--dataset)")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = a.keep or Path(tmp_name)

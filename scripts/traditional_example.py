@@ -4,7 +4,7 @@ folds, the epoch chosen on each fold's validation classes) and under the seed pa
 (`traditional` preset at CPU scale: one model on every training class, the epoch chosen on the
 test classes), on the real Omniglot subset — what test-set selection adds, in one report.
 
-    .venv/bin/python scripts/traditional_example.py [--zip ../shared/datasets/omniglot/...zip]
+    .venv/bin/python scripts/traditional_example.py [--zip PATH/images_background_small1.zip]
 
 Nothing is searched (every parameter fixed, as the studies/traditional/ files): `mlrc study test`
 trains 3 reproductions of each study. The study files are written into the page beside the
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import yaml
-from example_run import REPO, SHOWN_ZIP, arguments, environment, mlrc
+from example_run import REPO, arguments, environment, mlrc, root
 
 OUT = REPO / "docs" / "examples" / "traditional-omniglot.md"
 
@@ -52,10 +52,11 @@ TRADITIONAL = {
 }
 
 
-def study(loss: str, preset: str, root: str) -> dict:
+def study(loss: str, preset: str, zip_path: str | None) -> dict:
+    """One study file; without ``zip_path`` its dataset has no root (mlrc downloads it)."""
     return {
         "name": f"{preset}-{loss}",
-        "dataset": {"name": "omniglot", "root": root},
+        "dataset": {"name": "omniglot", **({"root": zip_path} if zip_path else {})},
         "preset": preset,
         "loss": {"name": loss, "params": LOSSES[loss], "search": {}},
         "search": {"trials": 1, "seed": 0},
@@ -73,7 +74,7 @@ def main() -> None:
         for preset in ("cpu", "traditional"):
             for loss in LOSSES:
                 path = Path(tmp) / f"{preset}-{loss}.yaml"
-                path.write_text(yaml.safe_dump(study(loss, preset, str(args.zip.resolve()))))
+                path.write_text(yaml.safe_dump(study(loss, preset, root(args))))
                 mlrc(
                     "study",
                     "test",
@@ -113,7 +114,7 @@ def main() -> None:
         "## The traditional study files (the cpu ones: `preset: cpu`, no overrides)",
         "",
         "```yaml",
-        yaml.safe_dump(study("proxy_anchor", "traditional", SHOWN_ZIP), sort_keys=False).rstrip(),
+        yaml.safe_dump(study("proxy_anchor", "traditional", None), sort_keys=False).rstrip(),
         "```",
         "",
         "## `mlrc report`",

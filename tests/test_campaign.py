@@ -89,11 +89,10 @@ def table_rows(out: str) -> list[str]:
 # --- the file ----------------------------------------------------------------------------------
 
 
-def test_example_campaign_of_the_issue_resolves(omniglot_zip, monkeypatch):
-    """studies/campaigns/omniglot.yaml: its root is relative to the repository root (cwd)."""
-    monkeypatch.chdir(REPO)
-    if not (REPO / "../shared/datasets/omniglot/images_background_small1.zip").is_file():
-        pytest.skip("the example's relative root needs ../shared beside the repository")
+def test_example_campaign_of_the_issue_resolves(monkeypatch, tmp_path):
+    """studies/campaigns/omniglot.yaml resolves in a bare clone: its dataset has no root (mlrc
+    downloads the Omniglot zip, SHA-256 checked, when a study first loads it)."""
+    monkeypatch.chdir(tmp_path)  # from any folder: nothing relative to resolve
     path = REPO / "studies/campaigns/omniglot.yaml"
     plan = resolve_campaign(load_campaign(path), str(path))
     assert [c.name for c, _ in plan] == [
@@ -102,8 +101,22 @@ def test_example_campaign_of_the_issue_resolves(omniglot_zip, monkeypatch):
     ]
     for _, r in plan:
         assert (r.trials, r.reproductions, r.study.search.seed, r.study.preset) == (1, 2, 5, "cpu")
-        assert Path(r.study.dataset.root).is_absolute() and Path(r.study.dataset.root).is_file()
+        assert (r.study.dataset.name, r.study.dataset.root) == ("omniglot", None)
     assert plan[1][1].space.keys() == {"alpha", "beta", "delta", "loss_lr"}
+
+
+def test_example_campaigns_dataset_is_the_checked_download(omniglot_zip, monkeypatch, tmp_path):
+    """What the example's dataset loads: the download, its SHA-256 checked (here from a local
+    copy of the real subset through $MLRC_OMNIGLOT_URL, into an empty cache)."""
+    from mlrc import data
+
+    monkeypatch.setenv("MLRC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLRC_OMNIGLOT_URL", omniglot_zip.as_uri())
+    path = REPO / "studies/campaigns/omniglot.yaml"
+    (_, r), *_ = resolve_campaign(load_campaign(path), str(path))
+    ds = data.build(r.study.dataset.name, root=r.study.dataset.root)
+    assert (len(ds), ds.num_classes) == (2720, 136)
+    assert (tmp_path / "cache/omniglot/images_background_small1.zip").is_file()
 
 
 @pytest.mark.parametrize(
