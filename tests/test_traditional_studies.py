@@ -4,10 +4,12 @@ files — Proxy Anchor, DAS, Metrix and the mean-field paper on CUB200, Cars196 
 
 Each file must resolve with :func:`mlrc.config.load_study`, be a traditional study (one fold,
 512-D) with an empty search space, and carry the papers' numbers. The numbers are checked
-against an INDEPENDENT reference: they are parsed out of the paper notes in ../shared/notes
-(the README command table of Proxy Anchor, the DAS supplement's training settings and run
-scripts, Metrix's Appendix B.1, the mean-field paper's traditional protocol), never restated
-here. Without ../shared those checks skip on a laptop, saying why, and fail in CI."""
+against an INDEPENDENT reference: they are parsed out of the paper notes (the README command
+table of Proxy Anchor, the DAS supplement's training settings and run scripts, Metrix's Appendix
+B.1, the mean-field paper's traditional protocol), never restated here. The notes' sections are
+copied verbatim into tests/fixtures/reference/ (each file names its note, paper and sections, and
+which of the two it followed), so the checks run in any clone; where ../shared/notes is beside
+the clone (always in CI), a test checks that every copied block still is the note's text."""
 
 from __future__ import annotations
 
@@ -22,7 +24,11 @@ from conftest import REPO, require
 from mlrc.config import StudyConfig, load_study, load_yaml, resolve
 
 TRADITIONAL = REPO / "studies" / "traditional"
-NOTES = REPO.parent / "shared" / "notes"  # ../shared beside the clone, as in CI
+REFERENCE = REPO / "tests" / "fixtures" / "reference"  # verbatim extracts of the paper notes
+NOTES = REPO.parent / "shared" / "notes"  # the notes themselves: beside a developer's clone, CI
+VERBATIM = re.compile(
+    r"^<!-- verbatim: ([\w.-]+), (.+?) -->\n(.*?)\n<!-- end verbatim -->$", re.M | re.S
+)
 DATASETS = ("cub200", "cars196", "sop")
 METHODS = ("proxy_anchor", "das", "metrix", "mean_field")
 FILES = [(d, m) for d in DATASETS for m in METHODS]
@@ -32,15 +38,18 @@ IDS = [f"{d}/{m}" for d, m in FILES]
 # --- the independent reference: the paper notes ------------------------------------------------
 
 
+def extracts(name: str) -> list[tuple[str, str, str]]:
+    """The verbatim blocks of fixture ``name``: (note file, section, text)."""
+    text = (REFERENCE / name).read_text(encoding="utf-8")
+    return [m.groups() for m in VERBATIM.finditer(text)]
+
+
 def note(name: str) -> str:
-    path = NOTES / name
-    # a laptop without ../shared skips with the reason; CI (MLRC_REQUIRE_ALL=1) fails instead
-    require(
-        path.is_file(),
-        f"{path} is missing: the paper notes (../shared/notes) are the independent reference "
-        "these numbers are checked against",
-    )
-    return path.read_text(encoding="utf-8")
+    """The sections of note ``name`` that the fixture copies (only the copied text, none of the
+    fixture's own words), in the note's order."""
+    blocks = extracts(name)
+    assert blocks and all(src == name for src, _, _ in blocks), f"{name}: no extract of {name}"
+    return "\n\n".join(text for _, _, text in blocks)
 
 
 def find(pattern: str, text: str, where: str, flags: int = 0) -> re.Match:
@@ -436,6 +445,37 @@ def test_mean_field_is_the_traditional_protocol_of_tables_2_and_3(dataset, tmp_p
     assert p.per_dataset("patience", dataset) == ref["patience"]
     assert r.reproductions == ref["repeats"]
     assert p.selection_metric == "map_at_r"  # the best test MAP@R
+
+
+FIXTURES = sorted(p.name for p in REFERENCE.glob("*.md") if p.name != "README.md")
+
+
+def test_the_reference_is_the_four_papers_notes():
+    assert FIXTURES == ["001-proxy-anchor.md", "002-das.md", "003-metrix.md", "004-mean-field.md"]
+    for name in FIXTURES:
+        head = (REFERENCE / name).read_text(encoding="utf-8").split("<!-- verbatim:", 1)[0]
+        for source in ("**Note**", "**Paper**", "**Note against paper**", "shared/seeds/"):
+            assert source in head, f"{name}: its header does not name {source}"
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_the_extracts_are_verbatim(name):
+    """Every block of the fixture is the note's own text, character for character (whole
+    lines); a note that changed fails here, naming the section to copy again."""
+    path = NOTES / name
+    require(
+        path.is_file(),
+        f"{path} is missing: the paper notes (../shared/notes) that the "
+        "fixtures in tests/fixtures/reference copy",
+    )
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for _, section, text in extracts(name):
+        block = text.split("\n")
+        starts = [i for i, line in enumerate(lines) if line == block[0]]
+        assert any(lines[i : i + len(block)] == block for i in starts), (
+            f"tests/fixtures/reference/{name}: the block {section!r} is not verbatim in "
+            f"{path} any more; copy that section again"
+        )
 
 
 def test_the_readme_lists_every_file():
