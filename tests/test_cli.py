@@ -49,7 +49,37 @@ def test_data_summary_on_real_omniglot(omniglot_zip):
     r = runner.invoke(app, ["data", "summary", "omniglot", "--root", str(omniglot_zip)])
     assert r.exit_code == 0, r.output
     assert "omniglot: 2720 images, 136 classes, 20–20 images per class" in r.output
-    assert "fold 0: train 51 classes, val 17 classes 0–16" in r.output
+    assert "68 train+val classes, 68 test classes, 4 folds (scheme 'mlrc')" in r.output
+    assert "fold 0: train 51 classes, val 17 classes 51–67" in r.output  # MLRC's: the last quarter
+
+
+def test_data_summary_shows_the_folds_a_study_trains(tmp_path):
+    """Without options, `data summary` prints the split a study with the default preset trains
+    (the search's own split_of), fold by fold; --scheme kfold shows KFold's instead."""
+    import yaml
+
+    from mlrc import data
+    from mlrc.config import load_study
+    from mlrc.search.context import split_of
+
+    study = tmp_path / "s.yaml"
+    study.write_text(
+        yaml.safe_dump({"name": "s", "dataset": {"name": "glyphs"}, "loss": {"name": "ntxent"}})
+    )
+    split = split_of(load_study(study), data.build("glyphs"))
+    r = runner.invoke(app, ["data", "summary", "glyphs"])
+    assert r.exit_code == 0, r.output
+    for f in split.folds:
+        lo, hi = min(f.val_classes), max(f.val_classes)
+        assert f"fold {f.index}: train {len(f.train_classes)} classes, " in r.output
+        assert re.search(
+            rf"fold {f.index}: .* val {len(f.val_classes)} classes {lo}–{hi}\b", r.output
+        )
+    kfold = runner.invoke(app, ["data", "summary", "glyphs", "--scheme", "kfold"])
+    assert (
+        "(scheme 'kfold')" in kfold.output
+        and "fold 0: train 41 classes, val 14 classes 0–13" in kfold.output
+    )
 
 
 def test_data_check_lists_corrupt_images(tmp_path):

@@ -68,23 +68,23 @@ def data_summary(
     name: Annotated[str, typer.Argument(help="dataset name")] = "glyphs",
     root: RootOpt = None,
     scheme: Annotated[
-        str | None,
+        str,
         typer.Option(
-            help="fold scheme: kfold, mlrc or traditional (no folds: the test classes validate); "
-            "default kfold, with --split mlrc as the presets"
+            help="fold scheme: mlrc (a study's default: the presets' split_scheme), kfold or "
+            "traditional (no folds: the test classes validate)"
         ),
-    ] = None,
+    ] = "mlrc",
     folds: Annotated[int, typer.Option(help="number of folds")] = 4,
     split: SplitOpt = None,
 ) -> None:
-    """Print class counts and the MLRC split of a dataset (or the one --split gives)."""
+    """Print class counts and the folds a study trains on a dataset: MLRC's split with the
+    presets' defaults (scheme mlrc, 4 folds), or the split --split/--scheme/--folds give."""
     ds = _load(name, root)
     counts = ds.class_counts()
     console.print(
         f"{ds.name}: {len(ds)} images, {ds.num_classes} classes, "
         f"{counts.min()}–{counts.max()} images per class"
     )
-    scheme = scheme or ("kfold" if split is None else "mlrc")
     parts = _split(ds, split, folds, scheme)
     console.print(parts.summary(), highlight=False)
     if split is not None:  # the classes by name, per part
