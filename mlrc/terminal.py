@@ -170,14 +170,19 @@ def print_status_by_name(engine, name: str) -> None:
 
 
 def print_budget(engine, st) -> None:
-    """The study's budgets and retention, then its history of changes (oldest first)."""
+    """The study's budgets, retention and torch threads per fold, then its history of changes
+    (oldest first)."""
     from mlrc.store import history
 
     rows = history.study_history(engine, st.id)
+    settings = st.settings or {}  # None: a study from before schema 6
     keep = next((h.new for h in reversed(rows) if h.field == "artifacts.keep"), "resume")
+    keep = settings.get("artifacts.keep", keep)
+    threads = settings.get("threads")
     trials, reps = st.config.get("trials"), st.config.get("reproductions")
+    per_fold = f"; threads per fold: {threads}" if threads else "; threads per fold: not fixed"
     console.print(
-        f"budget: {trials} trials, {reps} reproductions; checkpoints kept: {keep}",
+        f"budget: {trials} trials, {reps} reproductions; checkpoints kept: {keep}{per_fold}",
         soft_wrap=True,
         highlight=False,
     )

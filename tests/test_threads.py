@@ -92,8 +92,10 @@ def test_count_workers_sees_live_processes_and_forgets_killed_ones(tmp_path):
     assert threads.count_workers(d) == 1
 
 
-def test_apply_share_does_nothing_unless_configured():
-    assert threads.apply_share() is None
+def test_a_fold_slot_waits_for_nothing_unless_configured(tmp_path):
+    with threads.fold_slot(99):  # a library call: no slots, no lock directory
+        pass
+    assert not (tmp_path / "workers").exists()
 
 
 def test_the_fair_share_counts_other_workers(tmp_path, monkeypatch):
@@ -101,35 +103,25 @@ def test_the_fair_share_counts_other_workers(tmp_path, monkeypatch):
     monkeypatch.setattr(threads, "initial_threads", lambda: 4)
     d = tmp_path / "workers"
     threads.configure(None, d)
-    assert threads.apply_share() == 4 and torch.get_num_threads() == 4
+    assert threads.fair_threads() == 4
     (h,) = _holders(d)
-    try:  # a second worker appeared: the next fold takes half
-        assert threads.apply_share() == 2 and torch.get_num_threads() == 2
+    try:  # a second worker appeared: a study created now takes half
+        assert threads.fair_threads() == 2
         assert "2 threads of 4 cores (2 mlrc workers on this host)" in threads.share_line()
     finally:
         h.kill()
         h.wait()
-    assert threads.apply_share() == 4  # it left
+    assert threads.fair_threads() == 4  # it left
 
 
 def test_threads_option_fixes_the_number(tmp_path):
     threads.configure(1, tmp_path / "workers")
-    assert threads.apply_share() == 1 and torch.get_num_threads() == 1
+    assert threads.requested_threads() == 1
+    assert threads.apply_threads(1) == 1 and torch.get_num_threads() == 1
     assert (
         threads.share_line()
         == f"cpu share: 1 thread of {threads.visible_cores()} cores (--threads)"
     )
-
-
-def test_a_fold_applies_the_share(monkeypatch):
-    from mlrc.search import folds
-
-    calls = []
-    monkeypatch.setattr(folds, "apply_share", lambda: calls.append(1))
-    monkeypatch.setattr(folds, "stored_result", lambda *_: None)
-    with pytest.raises(AttributeError):  # no context: stops right after the share is taken
-        folds.run_fold(None, "search", {}, 0, 0, 0)  # type: ignore[arg-type]
-    assert calls == [1]
 
 
 @pytest.mark.parametrize("value", ["0", "abc"])
@@ -146,7 +138,7 @@ def test_the_commands_take_threads_and_register(tmp_path, monkeypatch):
     )
     assert "cpu share" not in r.output  # logged at debug level: one-line errors stay one line
     assert r.output.strip().startswith("error:") and len(r.output.strip().splitlines()) == 1
-    assert torch.get_num_threads() == 1
+    assert threads.requested_threads() == 1
     assert len(list((tmp_path / "cache" / "workers").glob("*.lock"))) == 1
 
 
@@ -154,14 +146,16 @@ def test_an_unwritable_lock_directory_still_shares(tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     threads.configure(None, blocker / "workers")  # cannot be created: warned, not fatal
-    assert threads.apply_share() == min(threads.visible_cores(), threads.initial_threads())
+    assert threads.fair_threads() == min(threads.visible_cores(), threads.initial_threads())
+    with threads.fold_slot(1):  # no slots there either: the fold runs
+        pass
 
 
 def test_the_share_never_exceeds_torchs_own_default(tmp_path, monkeypatch):
     monkeypatch.setattr(threads, "visible_cores", lambda *_: 64)
     monkeypatch.setattr(threads, "initial_threads", lambda: 2)  # e.g. physical cores
     threads.configure(None, tmp_path / "workers")
-    assert threads.apply_share() == 2  # a single process: the threads it used before
+    assert threads.fair_threads() == 2  # a single process: the threads it used before
 
 
 def test_a_fold_run_records_its_thread_count(tmp_path, monkeypatch):

@@ -89,16 +89,18 @@ ThreadsOpt = Annotated[
         "--threads",
         envvar="MLRC_THREADS",
         min=1,
-        help="torch threads of this process (default: the visible cores ÷ mlrc workers on "
-        "this host, recomputed every fold)",
+        help="torch threads of every fold of the study, fixed when it is created (default: "
+        "the visible cores ÷ mlrc workers on this host then); on a stored study, changes it "
+        "(recorded in its history)",
     ),
 ]
 
 
 def fair_share(threads: int | None, quiet: bool) -> None:
-    """Register this process as an mlrc worker of the host and set torch's threads to
-    ``threads`` or its fair share (again at every fold). The share is logged at debug level,
-    not printed: a command's output (and its one-line errors) stay as they were."""
+    """Register this process as an mlrc worker of the host, its folds taking turns for the
+    host's cores; ``threads``: ``--threads`` (a new study's folds use it, else the fair share;
+    see :mod:`mlrc.train.threads`). The share is logged at debug level, not printed: a
+    command's output (and its one-line errors) stay as they were."""
     import logging
 
     from mlrc.train import threads as cpu

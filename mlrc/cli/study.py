@@ -66,10 +66,13 @@ def open_study_file(
     keep: str | None = None,
     stage: str = "search",
     track: str | None = None,
+    threads: int | None = None,
 ):
     """Load the study file, with the budgets and retention given on the command line, and open
     its study (a context manager yielding the study's :class:`~mlrc.search.Context`) for the
-    ``stage`` ("search" or "test") whose budget it records when changed."""
+    ``stage`` ("search" or "test") whose budget it records when changed. What the command line
+    gives (``--trials``, ``--reproductions``, ``--keep``, ``--threads``) is the study's from then
+    on: a plain rerun keeps it (see :func:`mlrc.search.context.settle`)."""
     from mlrc.config import load_study, with_changes
     from mlrc.search import open_study
     from mlrc.search.tracking import with_track
@@ -87,6 +90,7 @@ def open_study_file(
         progress=not quiet,
         force_new=force_new,
         budgets_used=used,
+        threads=threads,
     )
 
 
@@ -145,6 +149,7 @@ def study_run(
             trials=trials,
             keep=keep,
             track=track,
+            threads=threads,
         ) as ctx,
     ):
         if backend == "ray":
@@ -208,6 +213,7 @@ def study_test(
             keep=keep,
             stage="test",
             track=track,
+            threads=threads,
         ) as ctx,
     ):
         for problem in run_test(ctx):

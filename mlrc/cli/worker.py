@@ -92,7 +92,15 @@ def worker(
         interrupts(),
         user_errors(),
         open_study_file(
-            study_file, storage, artifacts, device, quiet, trials=trials, keep=keep, track=track
+            study_file,
+            storage,
+            artifacts,
+            device,
+            quiet,
+            trials=trials,
+            keep=keep,
+            track=track,
+            threads=threads,
         ) as ctx,
     ):
         from mlrc.store import redact

@@ -50,13 +50,16 @@ from mlrc.config.spaces import PER_DATASET, SPACES_DIR, WITH_MINER, default_spac
 from mlrc.config.study import (
     BUDGETS,
     RUNTIME_ONLY,
+    SETTINGS,
     ResolvedStudy,
     budgets,
     copy_budgets,
+    file_settings,
     identity,
     load_study,
     resolve,
     with_changes,
+    with_settings,
 )
 
 __all__ = [
@@ -67,6 +70,7 @@ __all__ = [
     "PER_DATASET",
     "PRESETS_DIR",
     "RUNTIME_ONLY",
+    "SETTINGS",
     "SPACES_DIR",
     "WITH_MINER",
     "ArtifactsSpec",
@@ -92,6 +96,7 @@ __all__ = [
     "copy_budgets",
     "default_space",
     "did_you_mean",
+    "file_settings",
     "format_error",
     "identity",
     "load_preset",
@@ -102,4 +107,5 @@ __all__ = [
     "resource_dir",
     "validate_model",
     "with_changes",
+    "with_settings",
 ]

@@ -50,6 +50,9 @@ class ResolvedStudy(Strict):
     keep: Literal["resume", "best", "all"] = "resume"  # checkpoint retention (artifacts.keep)
     split: ResolvedSplit | None = None  # the study's ``split:`` read and checked; None: MLRC's
     source: str = ""
+    # what the command line gave (``--trials``, ``--reproductions``, ``--keep``), by the field
+    # it sets (:data:`SETTINGS`): the study's from then on (see :func:`with_changes`)
+    given: dict[str, Any] = {}
 
     def fingerprint(self) -> dict[str, Any]:
         """JSON-able content that defines the study (used to detect a changed study file), with
@@ -58,7 +61,7 @@ class ResolvedStudy(Strict):
         Fields added after a store was written are left out while at their default, so a study
         started by an earlier mlrc version still matches its unchanged file; checkpoint
         retention is left out always (it does not change a number)."""
-        out = self.model_dump(mode="json", exclude={"source", "keep"}, by_alias=True)
+        out = self.model_dump(mode="json", exclude={"source", "keep", "given"}, by_alias=True)
         out["study"].pop("artifacts", None)
         out["study"].pop("tracking", None)  # where runs are logged, not what they compute
         out["study"].pop("split", None)  # where the split file is; its content is out["split"]
@@ -160,6 +163,22 @@ def budgets(fingerprint: dict[str, Any]) -> dict[str, int | None]:
     return {field: fingerprint.get(paths[0][0]) for field, paths in BUDGETS.items()}
 
 
+# What a study's file or command line may change without changing its numbers: the budgets
+# (:data:`BUDGETS`) and the checkpoint retention.
+SETTINGS = (*BUDGETS, "artifacts.keep")
+
+
+def file_settings(resolved: ResolvedStudy) -> dict[str, Any]:
+    """The budgets and retention the study's file (with its preset) gives, whatever the command
+    line gave (:func:`with_changes` leaves ``resolved.study`` as the file has it)."""
+    study, preset = resolved.study, resolved.preset
+    return {
+        "search.trials": study.search.trials or preset.search.trials or 1,
+        "test.reproductions": study.test.reproductions or preset.test.reproductions or 2,
+        "artifacts.keep": study.artifacts.keep or "resume",
+    }
+
+
 def with_changes(
     resolved: ResolvedStudy,
     *,
@@ -168,7 +187,9 @@ def with_changes(
     keep: str | None = None,
 ) -> ResolvedStudy:
     """``resolved`` with the budgets or the retention given on the command line (``--trials``,
-    ``--reproductions``, ``--keep``; None: as in the file), checked as the file's would be."""
+    ``--reproductions``, ``--keep``; None: as in the file), checked as the file's would be. They
+    are noted in ``given`` (a stored study records them as its settings from then on); the
+    study part keeps the file's values (:func:`file_settings`)."""
     src = f"{resolved.source or 'study'}"
     if trials is not None and trials < 1:
         raise ConfigError(f"--trials: must be ≥ 1 (got {trials})")
@@ -182,15 +203,24 @@ def with_changes(
         )
     if keep is not None and keep not in KEEP_POLICIES:
         raise ConfigError(f"--keep: expected one of {', '.join(KEEP_POLICIES)} (got {keep!r})")
-    study = resolved.study.model_copy(deep=True)
+    given = dict(resolved.given)
     update: dict[str, Any] = {}
     if trials is not None:
-        study.search.trials = update["trials"] = trials
+        given["search.trials"] = update["trials"] = trials
     if reproductions is not None:
-        study.test.reproductions = update["reproductions"] = reproductions
+        given["test.reproductions"] = update["reproductions"] = reproductions
     if keep is not None:
-        study.artifacts.keep = update["keep"] = keep
-    return resolved.model_copy(update={**update, "study": study})
+        given["artifacts.keep"] = update["keep"] = keep
+    return resolved.model_copy(update={**update, "given": given})
+
+
+def with_settings(resolved: ResolvedStudy, settings: dict[str, Any]) -> ResolvedStudy:
+    """``resolved`` working to a stored study's settings (``{"search.trials": N,
+    "test.reproductions": M, "artifacts.keep": P}``; a field left out: as it is)."""
+    names = {"search.trials": "trials", "test.reproductions": "reproductions"}
+    names["artifacts.keep"] = "keep"
+    update = {names[f]: v for f, v in settings.items() if f in names and v is not None}
+    return resolved.model_copy(update=update)
 
 
 def load_study(path: str | Path) -> ResolvedStudy:

@@ -18,13 +18,22 @@ from typing import TYPE_CHECKING, Any
 from filelock import FileLock, Timeout
 
 from mlrc import __version__, data, store
-from mlrc.config import BUDGETS, ResolvedStudy, budgets, copy_budgets, identity
+from mlrc.config import (
+    BUDGETS,
+    SETTINGS,
+    ResolvedStudy,
+    budgets,
+    file_settings,
+    identity,
+    with_settings,
+)
 from mlrc.config.splits import build_split
 from mlrc.data.base import ImageDataset
 from mlrc.protocol.splits import Split
 from mlrc.search.errors import StudyError
 from mlrc.search.tracking import Tracker, open_tracker
 from mlrc.store import history, trials
+from mlrc.train import threads as cpu
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -46,6 +55,7 @@ class Context:
     study_id: int
     progress: bool = True
     tracker: Tracker = dataclass_field(default_factory=Tracker)  # MLflow/W&B runs (none by default)
+    threads: int | None = None  # torch intra-op threads of every fold: the study's (stored)
 
     @property
     def name(self) -> str:
@@ -156,10 +166,12 @@ def open_study(
     progress: bool = True,
     force_new: bool = False,
     budgets_used: Iterable[str] = BUDGETS,
+    threads: int | None = None,
 ) -> Iterator[Context]:
     """Connect, register (or check) the study, load the dataset; hold a lock for SQLite.
     ``force_new``: a stored study of the same name with another configuration is archived
-    (:func:`archive_study`) and this one starts afresh; otherwise that is refused."""
+    (:func:`archive_study`) and this one starts afresh; otherwise that is refused. ``threads``:
+    ``--threads`` (None: this process's, see :func:`register_study`)."""
     engine = store.connect(url)
     with sqlite_lock(engine, resolved.study.name):
         if force_new:
@@ -169,7 +181,9 @@ def open_study(
             ):
                 new_name = archive_study(engine, resolved.study.name, Path(artifacts))
                 log.warning("the stored study %r was archived as %r", resolved.study.name, new_name)
-        ctx = build_context(resolved, url, artifacts, device, progress, engine, budgets_used)
+        ctx = build_context(
+            resolved, url, artifacts, device, progress, engine, budgets_used, threads
+        )
         for warning in data.check_dataset(ctx.dataset, ctx.split.trainval_classes):
             log.warning("%s", warning)  # one-image training classes, duplicate files
         try:
@@ -186,9 +200,11 @@ def build_context(
     progress: bool = True,
     engine: Engine | None = None,
     budgets_used: Iterable[str] = BUDGETS,
+    threads: int | None = None,
 ) -> Context:
     """Register (or check) the study and load its dataset and split, without any lock (for a
-    process that works for a study someone else holds: a Ray trial or fold task)."""
+    process that works for a study someone else holds: a Ray trial or fold task). The context
+    works to the study's settings as stored (:func:`register_study`)."""
     engine = engine or store.connect(url)
     ds = data.build(
         resolved.study.dataset.name,
@@ -196,7 +212,10 @@ def build_context(
         **resolved.study.dataset.params,
     )
     split = split_of(resolved, ds)  # before registering: a bad split file stores nothing
-    study_id = register_study(engine, resolved, budgets_used)
+    study_id, settings = _register(
+        engine, resolved, budgets_used, threads, Path(artifacts) / resolved.study.name
+    )
+    resolved = with_settings(resolved, settings)
     ctx = Context(
         resolved,
         url,
@@ -207,7 +226,9 @@ def build_context(
         split,
         study_id,
         progress,
+        threads=settings["threads"],
     )
+    cpu.apply_threads(ctx.threads)  # the study's, for all it computes (folds set it again)
     ctx.tracker = open_tracker(ctx)  # this process's handle on the study's tracked runs
     return ctx
 
@@ -267,12 +288,36 @@ def sqlite_lock(engine: Engine, name: str) -> Iterator[None]:
 
 
 def register_study(
-    engine: Engine, resolved: ResolvedStudy, budgets_used: Iterable[str] = BUDGETS
+    engine: Engine,
+    resolved: ResolvedStudy,
+    budgets_used: Iterable[str] = BUDGETS,
+    threads: int | None = None,
 ) -> int:
-    """The study's row id, the row created if new; a stored study of the same name with
-    another configuration is a :class:`StudyError` naming the first difference."""
+    """The study's row id, the row created if new (its settings: the budgets and retention it
+    resolves to, ``threads`` or this process's ``--threads`` or its fair share now); a stored
+    study of the same name with another configuration is a :class:`StudyError` naming the
+    first difference. A stored study's settings change as :func:`settle` says, recorded in its
+    history (its retention only where its artifacts are known: :func:`build_context`)."""
+    return _register(engine, resolved, budgets_used, threads, None)[0]
+
+
+def _register(
+    engine: Engine,
+    resolved: ResolvedStudy,
+    budgets_used: Iterable[str],
+    threads: int | None,
+    artifacts: Path | None,
+) -> tuple[int, dict[str, Any]]:
+    """:func:`register_study`, with the study's settings as they stand after it (the budgets
+    too); ``artifacts``: the study's folder (None: its retention is left as stored)."""
     config = resolved.fingerprint()
     study = resolved.study
+    threads = threads or cpu.requested_threads()
+    initial = {
+        "artifacts.keep": resolved.keep,
+        "threads": threads or cpu.fair_threads(),
+        "file": file_settings(resolved),
+    }
     study_id, stored = trials.ensure_study(
         engine,
         study.name,
@@ -282,6 +327,7 @@ def register_study(
         preset=study.preset,
         config=config,
         code_version=__version__,
+        settings=initial,
     )
     if store.canonical_json(identity(stored)) != store.canonical_json(identity(config)):
         changed = first_difference(identity(stored), identity(config))
@@ -290,29 +336,108 @@ def register_study(
             f"configuration ({changed}); give the study a new name, or pass --force-new to "
             "archive the stored one as NAME.old-K and start afresh"
         )
-    for field, old, new in record_changes(engine, study_id, resolved, budgets_used):
+    fields = (*budgets_used, *(("artifacts.keep",) if artifacts is not None else ()))
+    if artifacts is not None:
+        _check_retention(engine, study_id, resolved, fields, threads, artifacts)
+    out: dict[str, Any] = {}
+
+    def diff(stored: dict, settings: dict | None, last: dict) -> tuple[list, Any, Any]:
+        changes, new_config, new_settings = settle(
+            stored, settings, last, resolved, fields, threads
+        )
+        out.update(new_settings or settings)
+        out.update(budgets(new_config or stored))
+        return changes, new_config, new_settings
+
+    changes = history.record_changes(engine, study_id, diff, code_version())
+    for field, old, new in changes:
         log.warning("study %r: %s %s → %s (recorded in its history)", study.name, field, old, new)
-    return study_id
+    return study_id, out
 
 
-def record_changes(
-    engine: Engine, study_id: int, resolved: ResolvedStudy, fields: Iterable[str] = BUDGETS
-) -> list[tuple]:
-    """Record in the study's history what this run changes of what may change: the budgets it
-    works to (``fields``: ``study run`` the trials, ``study test`` the reproductions; the stored
-    configuration then holds the new ones) and its checkpoint retention."""
+KEEP_ORDER = ("resume", "best", "all")  # retention policies, from keeping least to most
+
+
+def settle(
+    config: dict[str, Any],
+    settings: dict[str, Any] | None,
+    last: dict[str, str | None],
+    resolved: ResolvedStudy,
+    fields: Iterable[str],
+    threads: int | None,
+) -> tuple[list[tuple], dict[str, Any] | None, dict[str, Any] | None]:
+    """What a run changes of a stored study's settings: (changes, configuration to store or
+    None, settings to store or None). Of ``fields`` (the budgets this run works to, and
+    ``artifacts.keep`` where considered), a value given on the command line
+    (``resolved.given``) becomes the study's; else a value of the study file that differs from
+    the one it gave last time (a file edit) does; else the study's stands — a flag's absence is
+    no change. ``threads`` (``--threads``), when given, is the study's from then on. A study
+    from before schema 6 (``settings`` None) starts at its stored budgets, its last recorded
+    retention, and the file as it is now."""
     fields = tuple(fields)
+    now_file = file_settings(resolved)
+    legacy = settings is None
+    if settings is None:
+        keep = last.get("artifacts.keep") or "resume"
+        settings = {"artifacts.keep": keep, "threads": None, "file": dict(now_file)}
+    new_settings = {**settings, "file": dict(settings.get("file") or {})}
+    was = {**budgets(config), "artifacts.keep": settings["artifacts.keep"]}
+    now = dict(was)
+    for f in fields:
+        if f in resolved.given:
+            now[f] = resolved.given[f]
+        elif now_file[f] != new_settings["file"].get(f, now_file[f]):
+            now[f] = now_file[f]
+        new_settings["file"][f] = now_file[f]
+    new_settings["artifacts.keep"] = now["artifacts.keep"]
+    changes = [(f, was[f], now[f]) for f in SETTINGS if was[f] != now[f]]
+    old_threads = settings.get("threads")
+    new_settings["threads"] = threads or old_threads or cpu.fair_threads()
+    if new_settings["threads"] != old_threads:
+        changes.append(("threads", old_threads, new_settings["threads"]))
+    new_config = None
+    if any(f in BUDGETS for f, _, _ in changes):
+        new_config = {
+            **config,
+            "trials": now["search.trials"],
+            "reproductions": now["test.reproductions"],
+        }
+    return changes, new_config, None if new_settings == settings and not legacy else new_settings
 
-    def diff(stored: dict, last: dict) -> tuple[list[tuple], dict | None]:
-        unused = [f for f in BUDGETS if f not in fields]  # as stored
-        config = copy_budgets(resolved.fingerprint(), stored, unused)
-        old, new = budgets(stored), budgets(config)
-        changes = [(f, old[f], new[f]) for f in new if old[f] != new[f]]
-        if last.get("artifacts.keep", "resume") != resolved.keep:
-            changes.append(("artifacts.keep", last.get("artifacts.keep", "resume"), resolved.keep))
-        return changes, config if old != new else None
 
-    return history.record_changes(engine, study_id, diff, code_version())
+def _check_retention(
+    engine: Engine,
+    study_id: int,
+    resolved: ResolvedStudy,
+    fields: tuple[str, ...],
+    threads: int | None,
+    artifacts: Path,
+) -> None:
+    """Lowering a study's retention deletes the checkpoints it kept: only on the command line
+    (``--keep``), which logs what it deletes; a study file that lowers it while such files
+    exist is a :class:`StudyError` saying what they are and how to go on."""
+    from mlrc.search.retention import collect_study
+
+    config, settings, last = history.stored_settings(engine, study_id)
+    changes, _, _ = settle(config, settings, last, resolved, fields, threads)
+    for field, old, new in changes:
+        if field != "artifacts.keep" or KEEP_ORDER.index(new) >= KEEP_ORDER.index(old):
+            continue
+        root = artifacts / f"p-{protocol_key_of(config)}"
+        doomed = collect_study(engine, study_id, root, new, dry_run=True)
+        if not doomed:
+            return
+        what = f"{len(doomed)} kept checkpoint files ({sum(f.size for f in doomed) / 1e6:.1f} MB)"
+        name = resolved.study.name
+        if field in resolved.given:
+            log.warning("study %r: --keep %s deletes %s under %s", name, new, what, root)
+            return
+        raise StudyError(
+            f"study {name!r}: the study file lowers artifacts.keep {old} → {new}, which would "
+            f"delete {what} under {root}; to do so, give --keep {new} on the command line "
+            f"(or delete them first: mlrc gc --study {name} --keep {new}); to keep them, set "
+            f"artifacts.keep: {old} in the file"
+        )
 
 
 def archive_study(engine: Engine, name: str, artifacts: Path) -> str:

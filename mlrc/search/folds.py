@@ -4,6 +4,7 @@ one resumes from its ``last.pt`` (the fold trainer's concern)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from mlrc.search.errors import StudyError
 from mlrc.search.retention import release_fold
 from mlrc.store import trials
 from mlrc.train import CheckpointError, EpochRecord, FoldResult, FoldSpec, train_fold
-from mlrc.train.threads import apply_share
+from mlrc.train.threads import apply_threads, fold_slot
 
 log = logging.getLogger("mlrc")
 
@@ -71,7 +72,7 @@ def run_fold(
     stored = stored_result(ctx, job)
     if stored is not None:
         return stored
-    threads = apply_share() or torch.get_num_threads()  # workers come and go: the fair share now
+    threads = apply_threads(ctx.threads or torch.get_num_threads())  # the study's, every fold
     seed = derive_seed(ctx.resolved.study.search.seed, kind, job.params_hash, reproduction, fold)
     fold_run_id = trials.start_fold(
         ctx.engine,
@@ -89,8 +90,9 @@ def run_fold(
         ctx.tracker.epoch(job, trial_number, rec)  # MLflow/W&B, when tracked (never raises)
 
     spec = fold_spec(ctx, job, params, seed, trial_number)
-    try:
-        res = train_fold(spec, on_validation=record)
+    try:  # on the CPU, folds take turns for the host's cores (a GPU fold does not wait)
+        with fold_slot(threads) if ctx.device == "cpu" else contextlib.nullcontext():
+            res = train_fold(spec, on_validation=record)
     except CheckpointError as e:  # disk full, unreadable last.pt: the run stops, one line
         raise StudyError(str(e)) from None
     for rec in res.history:  # a resumed fold re-reports nothing: make sure every epoch is stored

@@ -41,6 +41,7 @@ REVISIONS = {
     3: "schema_3",
     4: "schema_4",
     5: "schema_5",
+    6: "schema_6",
 }  # mlrc_meta.schema_version -> Alembic revision
 HEAD = REVISIONS[SCHEMA_VERSION]
 MIGRATIONS = Path(__file__).with_name("migrations")  # env.py and versions/, package data

@@ -26,9 +26,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Written to mlrc_meta.schema_version, which older mlrc releases check: they refuse a store of a
 # newer version. 2: test_result.extra (analysis metrics); 3: fold_run.objective/code_version and
-# the baseline tables; 4: the study history and fold_run.threads; 5: the retrieval views. Each
-# version is an Alembic revision (mlrc.store.migrate.REVISIONS).
-SCHEMA_VERSION = 5
+# the baseline tables; 4: the study history and fold_run.threads; 5: the retrieval views; 6: the
+# study's settings. Each version is an Alembic revision (mlrc.store.migrate.REVISIONS).
+SCHEMA_VERSION = 6
 
 
 class Base(DeclarativeBase):
@@ -58,6 +58,11 @@ class Study(Base):
     config: Mapped[dict] = mapped_column(JSON)
     code_version: Mapped[str] = mapped_column(String(64))
     created: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+    # what may change without changing an identity, as it stands now (schema 6; NULL: a study
+    # from before): ``threads`` (torch intra-op threads of every fold), ``artifacts.keep``, and
+    # ``file``: the budgets and retention its study file gave when last read (a flag's value
+    # stays the study's until the file itself changes); see mlrc.search.context
+    settings: Mapped[dict | None] = mapped_column(JSON)
 
 
 class Trial(Base):

@@ -88,6 +88,7 @@ def ensure_study(
     preset: str,
     config: dict[str, Any],
     code_version: str,
+    settings: dict[str, Any] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """The row id and stored configuration of study ``name``, the row created (with these
     fields) when there is none. The caller compares the stored configuration with its own."""
@@ -102,6 +103,7 @@ def ensure_study(
                 preset=preset,
                 config=config,
                 code_version=code_version,
+                settings=settings,
             )
             s.add(row)
             s.flush()

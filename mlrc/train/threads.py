@@ -1,18 +1,22 @@
-"""Fair CPU shares: each mlrc process that trains uses its share of the host's cores.
+"""Fair CPU shares: a study's folds compute with a fixed number of torch threads, and the mlrc
+processes of a host share its cores by taking turns.
 
-The cores a process may use (:func:`visible_cores`: its CPU affinity, bounded by a cgroup v2 or
-v1 CPU quota) are divided by the mlrc workers running on this host (:func:`count_workers`),
-and torch's intra-op threads are set to that share (:func:`apply_share`) at the start of every
-fold, since workers come and go; never more than torch's own default (:func:`initial_threads`),
-so a process alone uses the threads it used before. ``--threads N`` (``MLRC_THREADS``) fixes the
-number instead. torch's results depend on its thread count (float sums in another order): a fold
-trained with 1 thread gives other numbers than with 2 (each reproducible).
+torch's results depend on its thread count (float sums in another order): a fold trained with 1
+thread gives other numbers than with 2 (each reproducible). So the count is the study's, fixed
+when the study is created (``--threads N``, ``MLRC_THREADS``, else :func:`fair_threads`: the
+cores a process may use (:func:`visible_cores`: its CPU affinity, bounded by a cgroup v2 or v1
+CPU quota) divided by the mlrc workers running on this host (:func:`count_workers`), never more
+than torch's own default (:func:`initial_threads`)), stored with it and set before every fold
+(:func:`apply_threads`). The fair share then decides how many folds run at once: a process whose
+fold would take more cores than are free waits for a slot (:func:`fold_slot`).
 
 Workers find each other through a lock directory (``$MLRC_CACHE/workers``, default
 ``~/.cache/mlrc/workers``): each registered process holds an OS lock (``flock``, via
 :mod:`filelock`) on its own file ``HOST-PID.lock``; the OS releases it when the process dies,
 so a file whose lock can be taken belongs to a dead process and is removed. Only files of this
-host are counted (the directory may be on a shared home).
+host are counted (the directory may be on a shared home). A fold that runs holds
+``HOST-PID.run-T.slot`` (T: its threads), a process waiting for a slot ``HOST-PID.wait-N.slot``
+(N: when it began to wait; the oldest waiter goes first), both locked the same way.
 
 DataLoader workers (``num_workers`` of the preset) are left as the preset says: their number
 changes the augmentation's random streams, hence a study's numbers. The cpu preset uses none.
@@ -26,18 +30,23 @@ import logging
 import math
 import os
 import socket
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
 __all__ = [
-    "apply_share",
+    "apply_threads",
     "configure",
     "count_workers",
+    "fair_threads",
+    "fold_slot",
     "initial_threads",
     "lock_dir",
     "register_worker",
+    "requested_threads",
     "reset",
     "share",
     "share_line",
@@ -54,7 +63,9 @@ class _Share:
     configured: bool = False
     threads: int | None = None
     directory: Path | None = None
-    applied: int | None = None
+
+
+POLL_S = 0.25  # how often a process waiting for a fold slot looks again
 
 
 _state = _Share()
@@ -189,42 +200,140 @@ def initial_threads() -> int:
 
 
 def configure(threads: int | None, directory: Path | None = None) -> None:
-    """Turn fair shares on for this process (the CLI does): register it as a worker and let
-    :func:`apply_share` set torch's threads to ``threads`` or, None, the fair share."""
+    """Turn fair shares on for this process (the CLI does): register it as a worker, note its
+    ``--threads`` (:func:`requested_threads`) and let its folds take turns (:func:`fold_slot`)."""
     try:
         register_worker(directory)
     except OSError as e:  # an unwritable cache folder: share without being counted
         log.warning("cpu share: cannot register in %s (%s)", directory or lock_dir(), e)
     initial_threads()  # before anything sets torch's threads
     _state.configured, _state.threads, _state.directory = True, threads, directory
-    _state.applied = None
 
 
-def apply_share() -> int | None:
-    """Set torch's intra-op threads to ``--threads`` or this host's fair share now; returns
-    the number (None, nothing changed, unless :func:`configure` was called). Called at the
-    start of every fold."""
-    if not _state.configured:
-        return None
+def requested_threads() -> int | None:
+    """This process's ``--threads`` (None: not given, or not configured)."""
+    return _state.threads
+
+
+def fair_threads() -> int:
+    """This process's fair share of the host's cores now: the visible cores ÷ the mlrc workers
+    on this host, at least 1, never more than torch's own default (a single process uses the
+    threads it used before). What a new study's folds compute with, unless ``--threads``."""
+    return min(share(count_workers(_state.directory), visible_cores()), initial_threads())
+
+
+def apply_threads(n: int) -> int:
+    """Set torch's intra-op threads to ``n`` (a study's count; see :mod:`this module
+    <mlrc.train.threads>`); returns it."""
     import torch
 
-    fair = share(count_workers(_state.directory), visible_cores())
-    n = _state.threads or min(fair, initial_threads())
     if n != torch.get_num_threads():
         torch.set_num_threads(n)
-    if n != _state.applied and _state.applied is not None:
-        log.info("cpu share: now %d thread(s) of %d core(s)", n, visible_cores())
-    _state.applied = n
     return n
 
 
+@contextlib.contextmanager
+def fold_slot(threads: int) -> Iterator[None]:
+    """Hold ``threads`` of this host's cores while a fold runs: wait (one log line) while the
+    folds other mlrc processes are running hold so many that this one would not fit, or while an
+    older waiter waits. Never a deadlock: a fold runs whenever no other process runs one, and
+    only live processes are waited for (a killed one's files are free locks, removed). Nothing
+    is waited for unless :func:`configure` was called (an mlrc command, not a library call)."""
+    if not _state.configured:
+        yield
+        return
+    d = _state.directory or lock_dir()
+    try:
+        held = _claim(d, threads)
+    except OSError as e:  # an unwritable cache folder: run without taking turns
+        log.warning("cpu share: no fold slots in %s (%s)", d, e)
+        yield
+        return
+    try:
+        yield
+    finally:
+        _drop(held)
+
+
+def _claim(d: Path, threads: int) -> FileLock:
+    """Wait for a slot in ``d`` and take it: the held ``run`` file."""
+    prefix, pid, cores = _host_prefix(), os.getpid(), visible_cores()
+    waiting: FileLock | None = None
+    while True:
+        with _mutex(d):
+            busy, waiters = _others(d, prefix, pid)
+            mine = _ticket(waiting) if waiting is not None else None
+            first = not waiters or (mine is not None and mine <= min(waiters))
+            if first and (busy == 0 or busy + threads <= cores):
+                held = _hold(d / f"{prefix}{pid}.run-{threads}.slot")
+                if waiting is not None:
+                    _drop(waiting)
+                return held
+            if waiting is None:
+                waiting = _hold(d / f"{prefix}{pid}.wait-{time.time_ns()}.slot")
+                log.warning(
+                    "cpu share: waiting for a free slot (%d of %d cores busy with other mlrc "
+                    "processes' folds; this study's folds use %d thread%s)",
+                    busy,
+                    cores,
+                    threads,
+                    "s" * (threads != 1),
+                )
+        time.sleep(POLL_S)
+
+
+@contextlib.contextmanager
+def _mutex(d: Path) -> Iterator[None]:
+    """This host's slot files are read and written by one process at a time."""
+    d.mkdir(parents=True, exist_ok=True)
+    with FileLock(d / f"{_host_prefix()}slots.mutex", timeout=60):
+        yield
+
+
+def _others(d: Path, prefix: str, pid: int) -> tuple[int, list[int]]:
+    """(threads of the folds other live processes run, their waiters' tickets); stale files
+    (their process died) are removed."""
+    busy, waiters = 0, []
+    for path in d.glob(f"{prefix}*.slot"):
+        name = path.name.removeprefix(prefix).removesuffix(".slot")
+        owner, _, state = name.partition(".")
+        kind, _, value = state.partition("-")
+        if owner == str(pid) or not value.isdigit() or not _is_held(path):
+            continue
+        if kind == "run":
+            busy += int(value)
+        elif kind == "wait":
+            waiters.append(int(value))
+    return busy, waiters
+
+
+def _ticket(lock: FileLock) -> int:
+    """The time a waiter's ``wait`` file names."""
+    return int(Path(lock.lock_file).name.rsplit("wait-", 1)[1].removesuffix(".slot"))
+
+
+def _hold(path: Path) -> FileLock:
+    """Create and lock ``path`` (this process's slot file)."""
+    lock = FileLock(path, timeout=0)
+    lock.acquire()
+    return lock
+
+
+def _drop(lock: FileLock) -> None:
+    """Remove and release this process's slot file."""
+    with contextlib.suppress(OSError):
+        Path(lock.lock_file).unlink(missing_ok=True)
+    lock.release()
+
+
 def share_line() -> str:
-    """``cpu share: 1 thread of 2 cores (3 mlrc workers on this host)`` (applies it first)."""
-    n = apply_share() or 0
+    """``cpu share: 1 thread of 2 cores (3 mlrc workers on this host)``: what a study created
+    now would take (``--threads``: that number)."""
     cores = visible_cores()
     if _state.threads:
+        n = _state.threads
         return f"cpu share: {n} thread{'s' * (n != 1)} of {cores} cores (--threads)"
-    w = count_workers(_state.directory)
+    n, w = fair_threads(), count_workers(_state.directory)
     return (
         f"cpu share: {n} thread{'s' * (n != 1)} of {cores} cores "
         f"({w} mlrc worker{'s' * (w != 1)} on this host)"
@@ -236,4 +345,4 @@ def reset() -> None:
     setting (torch's thread count is left as it is). For tests."""
     for path in list(_held):
         _unregister(path)
-    _state.configured, _state.threads, _state.directory, _state.applied = False, None, None, None
+    _state.configured, _state.threads, _state.directory = False, None, None
