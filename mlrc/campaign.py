@@ -146,8 +146,10 @@ def _scored_zero(reason: str | None) -> bool:
 
 def progress(engine: Any, name: str) -> Progress:
     """How far study ``name`` is, from the store: trials finished of the budget, reproductions
-    tested; "done" when every reproduction is tested; "failed: reason" when every trial failed
-    or a test fold failed."""
+    tested; "done" when every reproduction is tested; "failed: reason" when every trial failed,
+    when the search stopped at a failed trial (its last, with the budget not spent: its error
+    stopped the command) or when a test fold failed. Interrupted trials and test folds are
+    neither running nor failed: the study is partial (or pending) and resumes."""
     from mlrc.store.campaigns import study_progress
 
     st = study_progress(engine, name)
@@ -162,7 +164,11 @@ def progress(engine: Any, name: str) -> Progress:
     )
     if wanted and reps >= wanted:
         return Progress("done", "done")
-    failed = _failed_search(trials, finished, budget, running) or _failed_test(test_folds, running)
+    failed = (
+        _failed_search(trials, finished, budget, running)
+        or _stopped_search(st.trials, st.numbers, finished, budget, running)
+        or _failed_test(test_folds, running)
+    )
     if failed is not None:
         return failed
     text = f"{finished}/{budget} trials" + (f" ({running} running)" if running else "")
@@ -187,6 +193,22 @@ def _failed_search(
         return Progress("failed", f"failed: all {finished} trials {how}{last}")
     pruned = finished - len(reasons)
     return Progress("failed", f"failed: no trial completed ({pruned} pruned{last})")
+
+
+def _stopped_search(
+    trials: list[tuple[str, str | None]],
+    numbers: list[int],
+    finished: int,
+    budget: int,
+    running: int,
+) -> Progress | None:
+    """ "failed: trial N: reason" when the search stopped at a failed trial: its last trial
+    failed (the error that stopped the command is its reason), the budget is not spent and
+    nothing runs. Running the study again goes on with the next trial."""
+    if not trials or running or finished >= budget or trials[-1][0] != "failed":
+        return None
+    number = numbers[-1] if len(numbers) == len(trials) else len(trials) - 1
+    return Progress("failed", f"failed: trial {number}: {trials[-1][1] or 'no reason kept'}")
 
 
 def _failed_test(
@@ -367,24 +389,37 @@ def run_study(
     ray_options: dict[str, Any],
 ) -> str | None:
     """Search then test stage of one study; the reason it failed, or None. Errors of the
-    study itself (its dataset, its lock, its trials) are returned; store errors propagate."""
-    from mlrc.data.base import DatasetError
-    from mlrc.errors import worker_message
-    from mlrc.protocol import SplitError
-    from mlrc.registry import RegistryError
-    from mlrc.search import StudyError, open_study
+    study itself (its dataset, its lock, its trials) are returned as the one line ``study run``
+    would print (the trial or test fold they failed is recorded failed with it, by the one rule
+    of :func:`mlrc.search.errors.ending`); store errors and Ctrl-C/SIGTERM propagate (the
+    interrupted trial or test fold is recorded as such)."""
+    from mlrc.errors import interrupt_behind
+    from mlrc.search import open_study
+    from mlrc.search.errors import failure_reason
     from mlrc.store import StoreError
 
     try:
         with open_study(resolved, storage, artifacts, device, progress=not quiet) as ctx:
             return _search_and_test(ctx, backend, ray_options)
-    except (StudyError, DatasetError, SplitError, RegistryError) as e:
-        return worker_message(str(e))
     except StoreError:
         raise  # the store itself is unusable: no other study can run either
-    except Exception as e:  # noqa: BLE001 — one study's crash must not stop the campaign
-        log.exception("study %s crashed", resolved.study.name)
-        return f"{type(e).__name__}: {worker_message(str(e))}"
+    except Exception as e:  # noqa: BLE001 — one study's failure must not stop the campaign
+        if interrupt_behind(e) is not None:  # raised while a Ctrl-C unwound: the campaign stops
+            raise
+        if not _expected(e):
+            log.exception("study %s crashed", resolved.study.name)
+        return failure_reason(e)  # recorded with the trial or test fold it failed, if any
+
+
+def _expected(e: Exception) -> bool:
+    """An error of the study itself (its dataset, its lock, its files), not a crash."""
+    from mlrc.config import ConfigError
+    from mlrc.data.base import DatasetError
+    from mlrc.protocol import SplitError
+    from mlrc.registry import RegistryError
+    from mlrc.search import StudyError
+
+    return isinstance(e, StudyError | DatasetError | SplitError | RegistryError | ConfigError)
 
 
 def _search_and_test(ctx: Any, backend: str, ray_options: dict[str, Any]) -> str | None:

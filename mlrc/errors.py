@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["alive", "first_line", "worker_message"]
+__all__ = ["alive", "first_line", "interrupt_behind", "worker_message"]
 
 
 def first_line(error: BaseException | str, default: str | None = None) -> str:
@@ -32,6 +32,18 @@ def worker_message(message: str) -> str:
         last = [ln for ln in message.splitlines() if ln.strip()][-1]
         return last.split(": ", 1)[1] if last.startswith(("DatasetError", "mlrc.")) else last
     return message
+
+
+def interrupt_behind(e: BaseException | None) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt that ``e`` is, or was raised while handling, if any (a Ctrl-C may
+    surface as another error raised while it unwound: torch.save's RuntimeError mid-write)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def alive(pid: int) -> bool:

@@ -147,6 +147,12 @@ def print_status_by_name(engine, name: str) -> None:
         else:
             continue
         console.print(line, soft_wrap=True, highlight=False, markup=False, emoji=False)
+    folds_run = sorted(stored.fold_runs(engine, st.id), key=lambda f: (f.reproduction, f.fold))
+    for f in folds_run:  # the test stage's failed or interrupted folds, with their reasons
+        if f.kind == "test" and f.status in ("failed", "interrupted"):
+            why = f": {f.reason}" if f.reason and f.reason != f.status else ""
+            line = f"reproduction {f.reproduction}, fold {f.fold} {f.status}{why}"
+            console.print(line, soft_wrap=True, highlight=False, markup=False, emoji=False)
     counts = {
         state: sum(t.state == state for t in trials)
         for state in ("complete", "running", "failed", "interrupted", "pruned")

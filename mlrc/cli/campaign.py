@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from mlrc.cli.interrupts import interrupts
 from mlrc.cli.options import (
     DEFAULT_ARTIFACTS,
     DEFAULT_STORAGE,
@@ -50,7 +51,8 @@ def campaign_run(
     track: TrackOpt = None,
 ) -> None:
     """Run (or resume) every study of the campaign: search, then test stage, one after another.
-    Exit 1 if a study failed (the others still run)."""
+    Exit 1 if a study failed (the others still run). Ctrl-C / SIGTERM: the running trial or
+    test fold is recorded as interrupted, one line, exit 130 / 143; run it again to resume."""
     from mlrc.campaign import run_campaign
 
     if backend not in ("local", "ray"):
@@ -67,7 +69,7 @@ def campaign_run(
         "cpus_per_trial": cpus_per_trial,
         "gpus_per_trial": gpus_per_trial,
     }
-    with user_errors():
+    with interrupts(), user_errors():
         failures = run_campaign(
             campaign_file, storage, artifacts, device, quiet, backend, ray_options, track
         )

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import typer
 
+from mlrc.errors import interrupt_behind
 from mlrc.terminal import err_console
 
 __all__ = ["interrupt_behind", "interrupts"]
@@ -14,10 +15,13 @@ __all__ = ["interrupt_behind", "interrupts"]
 
 @contextmanager
 def interrupts() -> Iterator[None]:
-    """Ctrl-C and SIGTERM stop a study command the same way: the running trial is recorded as
-    interrupted (retried, not counted), one line on stderr, exit code 128 + signal number
-    (130 for SIGINT, 143 for SIGTERM, as a shell reports them); re-running the same command
-    resumes. A second SIGTERM during that cleanup is ignored (SIGKILL still ends it)."""
+    """Ctrl-C and SIGTERM stop a command that trains (``study run|test``, ``worker``, ``demo``,
+    ``campaign run``) the same way: the running work is recorded as interrupted (a trial:
+    retried, not counted; a test fold: resumed), one line on stderr naming it —
+    ``interrupted (SIGINT): trial 3 marked interrupted; run the same command to resume`` —,
+    exit code 128 + signal number (130 for SIGINT, 143 for SIGTERM, as a shell reports them);
+    re-running the same command resumes. A second SIGTERM during that cleanup is ignored
+    (SIGKILL still ends it)."""
     import signal
     import threading
 
@@ -33,32 +37,26 @@ def interrupts() -> Iterator[None]:
     try:
         yield
     except Exception as e:  # raised while a Ctrl-C unwound (torch.save's zip writer does)?
-        if isinstance(e, typer.Exit) or interrupt_behind(e) is None:
+        stop = None if isinstance(e, typer.Exit) else interrupt_behind(e)
+        if stop is None:
             raise
-        sig = signal.Signals(got[0] if got else signal.SIGINT)
-        err_console.print(
-            f"interrupted ({sig.name}): run the same command to resume", highlight=False
-        )
-        raise typer.Exit(128 + sig.value) from None
+        _stopped(stop, got)
     except KeyboardInterrupt as e:
-        sig = signal.Signals(got[0] if got else signal.SIGINT)
-        trial = getattr(e, "trial", None)
-        what = f"trial {trial} marked interrupted; " if trial is not None else ""
-        err_console.print(
-            f"interrupted ({sig.name}): {what}run the same command to resume", highlight=False
-        )
-        raise typer.Exit(128 + sig.value) from None
+        _stopped(e, got)
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous)
 
 
-def interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
-    """The KeyboardInterrupt that ``e`` was raised while handling, if any."""
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, KeyboardInterrupt):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
+def _stopped(e: KeyboardInterrupt, got: list[int]) -> None:
+    """The one line of a stopped command, naming the work recorded as interrupted (``e.what``,
+    set by :class:`~mlrc.search.errors.Interrupted`); exit 128 + the signal's number."""
+    import signal
+
+    sig = signal.Signals(got[0] if got else signal.SIGINT)
+    what = getattr(e, "what", None)
+    marked = f"{what} marked interrupted; " if what else ""
+    err_console.print(
+        f"interrupted ({sig.name}): {marked}run the same command to resume", highlight=False
+    )
+    raise typer.Exit(128 + sig.value) from None

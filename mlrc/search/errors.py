@@ -1,7 +1,20 @@
 """The exceptions a study raises: refused as asked (:class:`StudyError`), or stopped
-(:class:`Interrupted`)."""
+(:class:`Interrupted`); and the one rule for how work that raised ends (:func:`ending`)."""
 
 from __future__ import annotations
+
+from mlrc.errors import interrupt_behind
+
+__all__ = [
+    "INTERRUPTED",
+    "Interrupted",
+    "StudyError",
+    "ending",
+    "failure_reason",
+    "interrupt_behind",
+]
+
+INTERRUPTED = "interrupted"  # the state, and the reason, of work stopped by a signal
 
 
 class StudyError(RuntimeError):
@@ -9,8 +22,45 @@ class StudyError(RuntimeError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM stopped the search; ``trial``: the trial recorded as interrupted."""
+    """Ctrl-C or SIGTERM stopped the work; ``trial``: the trial recorded as interrupted, or
+    ``what``: the work recorded as interrupted (``reproduction 2, fold 1``)."""
 
-    def __init__(self, trial: int | None = None) -> None:
-        super().__init__("interrupted" if trial is None else f"trial {trial} interrupted")
-        self.trial = trial
+    def __init__(self, trial: int | None = None, what: str | None = None) -> None:
+        if what is None and trial is not None:
+            what = f"trial {trial}"
+        super().__init__(INTERRUPTED if what is None else f"{what} {INTERRUPTED}")
+        self.trial, self.what = trial, what
+
+
+def failure_reason(e: BaseException) -> str:
+    """The one line the user sees for ``e`` (without ``error:``), the reason kept with the work
+    it failed: an expected error's message as written (``…/x.png: unreadable or corrupt image
+    (…)``; an error re-raised from a DataLoader worker: its original message), any other
+    ``Type: first line`` (as the command's boundary prints it)."""
+    from mlrc.config import ConfigError
+    from mlrc.data.base import DatasetError
+    from mlrc.errors import first_line, worker_message
+    from mlrc.protocol import SplitError
+    from mlrc.registry import RegistryError
+
+    line = first_line(worker_message(str(e)), default="")
+    if isinstance(e, ConfigError | StudyError | DatasetError | RegistryError | SplitError):
+        return line or type(e).__name__
+    return f"{type(e).__name__}: {line}" if line else type(e).__name__
+
+
+def ending(e: BaseException) -> tuple[str, str | None]:
+    """How work (a trial, a fold, a reproduction) that raised ``e`` ends — the one rule of every
+    backend and of campaigns: ``("interrupted", None)`` for a signal (Ctrl-C, SIGTERM: a
+    KeyboardInterrupt, or an error raised while one unwound), ``("lost", None)`` for a lost
+    database (nothing can be written: the next run, or another worker after the heartbeat's
+    grace period, records it as interrupted), ``("failed", reason)`` for everything else, the
+    reason being the one-line error the user sees (:func:`failure_reason`). A lost worker (no
+    heartbeat) is the third way to be interrupted; it is found by others, not raised."""
+    from mlrc.store.trials import is_database_error
+
+    if interrupt_behind(e) is not None:
+        return INTERRUPTED, None
+    if is_database_error(e):
+        return "lost", None
+    return "failed", failure_reason(e)

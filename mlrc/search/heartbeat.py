@@ -125,7 +125,13 @@ def _on_stale(ctx: Context, ostudy: optuna.Study, t: optuna.trial.FrozenTrial, g
 
 
 def _mark_interrupted(ctx: Context, t: optuna.trial.FrozenTrial, reason: str) -> None:
+    """mlrc's row of trial ``t`` as interrupted with ``reason``, and its search folds still
+    marked running (by its dead or stopped process) too: they resume from ``last.pt``."""
     params = {**ctx.resolved.fixed, **t.params}
+    if set(ctx.resolved.space) <= set(t.params):  # its folds exist only once all are drawn
+        trials.end_running_folds(
+            ctx.engine, ctx.study_id, "search", params_hash(params), "interrupted", reason
+        )
     trials.mark_trial(
         ctx.engine,
         ctx.study_id,

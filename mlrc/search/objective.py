@@ -1,8 +1,11 @@
 """The objective of a trial: its folds, trained in turn (or by a backend's fold runner), whose
-mean validation MAP@R is the trial's value; optional pruning after each fold."""
+mean validation MAP@R is the trial's value; optional pruning after each fold. A trial that
+raises ends by the one rule of :func:`mlrc.search.errors.ending`: interrupted (a signal; a lost
+database is left to whoever comes next) or failed with the one-line error as its reason."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -10,12 +13,15 @@ from typing import Any
 import numpy as np
 import optuna
 
+from mlrc import store
 from mlrc.search import retention
 from mlrc.search.context import Context, params_hash
+from mlrc.search.errors import INTERRUPTED, ending
 from mlrc.search.folds import run_fold
 from mlrc.store import trials
 from mlrc.train import FoldResult
 
+log = logging.getLogger("mlrc")
 PRUNED = "pruned"  # reasons of pruned trials start with it
 
 FoldRunner = Callable[["Context", dict[str, Any], int], Iterator[tuple[int, FoldResult]]]
@@ -43,10 +49,30 @@ def run_objective(
     region (a FAILED trial would be ignored by GP and TPE). The trial stops at that fold.
     ``on_fold(k, running mean)`` is called as the k-th fold finishes (in completion order);
     ``should_prune(k, running mean)`` returning True stops the trial: it is recorded as pruned
-    and ``optuna.TrialPruned`` is raised with the reason."""
+    and ``optuna.TrialPruned`` is raised with the reason. Any other exception goes on, the
+    trial and its running fold recorded first as :func:`end_on_error` says (the backend tells
+    Optuna)."""
     params = {**ctx.resolved.fixed, **suggested}
     trials.start_trial(ctx.engine, ctx.study_id, number, params, params_hash(params))
     ctx.tracker.trial_started(number, params)
+    try:
+        return _folds_of_trial(ctx, number, params, on_fold, folds, should_prune)
+    except optuna.TrialPruned:
+        raise
+    except BaseException as e:
+        end_on_error(ctx, number, params, e)
+        raise
+
+
+def _folds_of_trial(
+    ctx: Context,
+    number: int,
+    params: dict[str, Any],
+    on_fold: Callable[[int, float], None] | None,
+    folds: FoldRunner,
+    should_prune: Callable[[int, float], bool] | None,
+) -> tuple[float | None, str | None]:
+    """The body of :func:`run_objective`: the folds in turn, the trial's outcome recorded."""
     values: dict[int, float] = {}
     n_folds = len(ctx.split.folds)
     for fold, res in folds(ctx, params, number):
@@ -71,6 +97,31 @@ def run_objective(
     sem = float(np.std(v, ddof=1) / math.sqrt(len(v))) if len(v) > 1 else None
     finish_trial(ctx, number, "complete", mean, sem, None)
     return mean, None
+
+
+def end_on_error(ctx: Context, number: int, params: dict[str, Any], e: BaseException) -> str:
+    """Record how trial ``number`` ends on the exception ``e`` (:func:`ending`): its running
+    search folds end as interrupted (a signal) or failed with the reason (the one-line error),
+    and so does mlrc's row of a failed trial (an interrupted one is recorded with its retry,
+    :func:`mlrc.search.heartbeat.retry_interrupted`); a lost database records nothing. Returns
+    how it ended. A failure to record is only logged: ``e`` is what the caller raises."""
+    how, reason = ending(e)
+    if how == "lost":
+        return how
+    try:
+        trials.end_running_folds(
+            ctx.engine, ctx.study_id, "search", params_hash(params), how, reason or INTERRUPTED
+        )
+        if how == "failed":
+            finish_trial(ctx, number, "failed", None, None, reason)
+    except Exception as err:  # noqa: BLE001 — the next run recovers it; ``e`` goes on
+        log.warning(
+            "trial %d not recorded as %s now (%s); it is recovered later",
+            number,
+            how,
+            store.db_error_line(err),
+        )
+    return how
 
 
 def _prune(ctx: Context, number: int, k: int, running: float) -> None:

@@ -56,8 +56,9 @@ def kept(keep: str, kind: str, status: str, *, best_trial: bool, tested: bool) -
     """The names of the files a fold's folder keeps under policy ``keep`` (:data:`EVERYTHING`:
     all of them). ``best_trial``: the fold belongs to the best trial so far, or to a trial still
     running (another worker's, which may become the best); ``tested``: its reproduction's test
-    rows are stored (a test fold's ``best.pt`` is read until then)."""
-    if status == "running" or keep == "all":
+    rows are stored (a test fold's ``best.pt`` is read until then). A running or interrupted
+    fold keeps everything: it resumes from its ``last.pt``."""
+    if status in ("running", "interrupted") or keep == "all":
         return EVERYTHING
     if kind == "test" and not tested:
         return frozenset({"best.pt"})

@@ -4,11 +4,19 @@ concatenated (512-D), beside the untrained baseline.
 
 Under the traditional preset there is one fold, whose best epoch was already chosen on the test
 classes: its three rows (fold 0, the separated mean, the "concatenation" of one model) hold the
-same numbers, and the report shows them once, marked as test-set selection."""
+same numbers, and the report shows them once, marked as test-set selection.
+
+A reproduction that raises ends by the one rule of :func:`mlrc.search.errors.ending`: stopped
+by a signal, its running fold is recorded as interrupted (it resumes from ``last.pt``) and
+:class:`~mlrc.search.errors.Interrupted` names it; any other error fails the fold it was at with
+the one-line error as its reason (``mlrc study status`` and ``mlrc campaign status`` show it; the
+next run trains that fold again) and goes on to the command, which prints that line."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -22,9 +30,9 @@ from mlrc.protocol.analysis import analysis_metrics, metrix_utilization, recall_
 from mlrc.protocol.retrieval import retrieval_view
 from mlrc.search import retention
 from mlrc.search.baseline import ensure_baseline, view_of_test_classes
-from mlrc.search.context import Context
-from mlrc.search.errors import StudyError
-from mlrc.search.folds import run_fold
+from mlrc.search.context import Context, code_version, derive_seed, params_hash
+from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending, interrupt_behind
+from mlrc.search.folds import FoldJob, run_fold
 from mlrc.store import trials
 from mlrc.train import View, embed, load_model
 
@@ -64,17 +72,68 @@ def run_test(ctx: Context) -> list[str]:
     classes, separated (each 128-D fold model, then their mean) and concatenated (512-D).
     Returns messages for reproductions that failed (their results are not stored)."""
     params = best_params(ctx)
-    ensure_baseline(ctx)
+    pending = [
+        rep for rep in range(1, ctx.resolved.reproductions + 1) if not _tested(ctx, params, rep)
+    ]
+    # the untrained baseline's failure fails the first pending reproduction (at fold 0)
+    with _recorded_on_exit(ctx, params, pending[0] if pending else None, [0], running=False):
+        ensure_baseline(ctx)
     problems = []
-    for rep in range(1, ctx.resolved.reproductions + 1):
-        done = trials.reproduction_results(ctx.engine, ctx.study_id, rep)
-        same = [r for r in done if store.canonical_json(r.params) == store.canonical_json(params)]
-        if len(same) == len(ctx.split.folds) + 2:
-            continue
+    for rep in pending:
         problem = _test_reproduction(ctx, params, rep)
         if problem:
             problems.append(problem)
     return problems
+
+
+def _tested(ctx: Context, params: dict[str, Any], rep: int) -> bool:
+    """Whether reproduction ``rep`` of ``params`` has all its rows stored."""
+    done = trials.reproduction_results(ctx.engine, ctx.study_id, rep)
+    same = [r for r in done if store.canonical_json(r.params) == store.canonical_json(params)]
+    return len(same) == len(ctx.split.folds) + 2
+
+
+@contextmanager
+def _recorded_on_exit(
+    ctx: Context, params: dict[str, Any], rep: int | None, at: list[int], running: bool = True
+) -> Iterator[None]:
+    """Reproduction ``rep`` (None: none pending) ends by the one rule if the block raises, at
+    fold ``at[0]`` (the block updates it as it goes): a signal records its running folds as
+    interrupted and raises :class:`Interrupted` naming it (``running`` False: nothing of it
+    runs yet, the signal goes on as it is); a lost database records nothing; any other error
+    fails the fold with the one-line error as its reason. The exception goes on (a failure to
+    record is only logged)."""
+    try:
+        yield
+    except BaseException as e:
+        if rep is None or (not running and interrupt_behind(e) is not None):
+            raise
+        how, reason = ending(e)
+        what = f"reproduction {rep}, fold {at[0]}"
+        try:
+            if how == INTERRUPTED:
+                trials.end_running_folds(
+                    ctx.engine, ctx.study_id, "test", params_hash(params), how, how, rep
+                )
+            elif how == "failed":
+                _fail_fold(ctx, params, rep, at[0], reason)
+        except Exception as err:  # noqa: BLE001 — ``e`` is what goes on
+            log.warning("%s not recorded as %s (%s)", what, how, store.db_error_line(err))
+        if how == INTERRUPTED and not isinstance(e, Interrupted):
+            raise Interrupted(what=what) from e
+        raise
+
+
+def _fail_fold(ctx: Context, params: dict[str, Any], rep: int, fold: int, reason: str) -> None:
+    """Test fold ``fold`` of reproduction ``rep`` as failed with ``reason`` (its row created if
+    the failure came before it started: the untrained baseline's)."""
+    job = FoldJob("test", params_hash(params), rep, fold)
+    seed = derive_seed(ctx.resolved.study.search.seed, "test", job.params_hash, rep, fold)
+    existing = trials.fold_run(ctx.engine, job.key(ctx.study_id), job.what)
+    first = {} if existing else {"seed": seed, "device": ctx.device, "code_version": code_version()}
+    trials.finish_fold(
+        ctx.engine, job.key(ctx.study_id), job.what, status="failed", reason=reason, **first
+    )
 
 
 def _test_metrics(
@@ -95,11 +154,19 @@ def _test_metrics(
 
 def _test_reproduction(ctx: Context, params: dict[str, Any], rep: int) -> str | None:
     """Train and test reproduction ``rep``; its rows are stored together, or a failed fold's
-    message is returned."""
+    message is returned. An exception ends it by the one rule (:func:`_recorded_on_exit`)."""
+    at = [0]  # the fold being trained or tested; after the last, the last
+    with _recorded_on_exit(ctx, params, rep, at):
+        return _train_and_test(ctx, params, rep, at)
+
+
+def _train_and_test(ctx: Context, params: dict[str, Any], rep: int, at: list[int]) -> str | None:
+    """The body of :func:`_test_reproduction`; ``at[0]``: the fold it is at."""
     p = ctx.resolved.preset
     embeddings, seen, labels, rows, test_view = [], [], None, [], None
     trainval = View(ctx.dataset, ctx.split.trainval_classes, None)
     for fold in ctx.split.folds:
+        at[0] = fold.index
         res = run_fold(ctx, "test", params, rep, fold.index, None)
         if res.status != "complete":
             return f"reproduction {rep}, fold {fold.index}: {res.reason}"

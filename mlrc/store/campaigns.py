@@ -4,7 +4,7 @@ in campaign order, with the campaign's configuration) and each study's progress 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, select
@@ -77,13 +77,14 @@ def last_campaign_config(engine: Engine, name: str) -> dict[str, Any] | None:
 @dataclass(frozen=True)
 class StudyProgress:
     """What the store holds of one study's progress: its stored configuration, its trials'
-    ``(state, reason)`` in order, the number of reproductions tested and its test fold runs'
-    ``(status, reproduction, fold, reason)`` in order."""
+    ``(state, reason)`` in order, the number of reproductions tested, its test fold runs'
+    ``(status, reproduction, fold, reason)`` in order and its trials' numbers (as ``trials``)."""
 
     config: dict[str, Any]
     trials: list[tuple[str, str | None]]
     reproductions: int
     test_folds: list[tuple[str, int, int, str | None]]
+    numbers: list[int] = field(default_factory=list)
 
 
 def study_progress(engine: Engine, name: str) -> StudyProgress | None:
@@ -93,7 +94,9 @@ def study_progress(engine: Engine, name: str) -> StudyProgress | None:
         if st is None:
             return None
         trials = s.execute(
-            select(Trial.state, Trial.reason).filter_by(study_id=st.id).order_by(Trial.number)
+            select(Trial.state, Trial.reason, Trial.number)
+            .filter_by(study_id=st.id)
+            .order_by(Trial.number)
         ).all()
         reps = s.execute(
             select(func.count(func.distinct(TestResult.reproduction))).filter_by(
@@ -106,4 +109,6 @@ def study_progress(engine: Engine, name: str) -> StudyProgress | None:
             .order_by(FoldRun.reproduction, FoldRun.fold)
         ).scalars()
         test_folds = [(f.status, f.reproduction, f.fold, f.reason) for f in folds]
-        return StudyProgress(st.config, [tuple(t) for t in trials], reps, test_folds)
+        return StudyProgress(
+            st.config, [(t[0], t[1]) for t in trials], reps, test_folds, [t[2] for t in trials]
+        )

@@ -37,6 +37,7 @@ __all__ = [
     "archive_study",
     "best_trial",
     "best_trial_hash",
+    "end_running_folds",
     "ensure_study",
     "finish_fold",
     "finish_trial",
@@ -314,6 +315,30 @@ def finish_fold(engine: Engine, key: dict[str, Any], what: str, **values: Any) -
     """Record the outcome of the fold run with natural key ``key`` (status, reason, best epoch,
     objective, checkpoint, wall time, provenance, best metrics)."""
     transact(engine, lambda s: upsert(s, FoldRun, key, **values), f"recording {what}")
+
+
+def end_running_folds(
+    engine: Engine,
+    study_id: int,
+    kind: str,
+    params_hash: str,
+    status: str,
+    reason: str,
+    reproduction: int | None = None,
+) -> None:
+    """The study's fold runs of ``kind`` with parameters ``params_hash`` (and ``reproduction``)
+    still ``running`` end as ``status`` (``interrupted`` or ``failed``) with ``reason``; a
+    later run of the same fold starts it again (:func:`start_fold`)."""
+    where = {"study_id": study_id, "kind": kind, "params_hash": params_hash, "status": "running"}
+    if reproduction is not None:
+        where["reproduction"] = reproduction
+    transact(
+        engine,
+        lambda s: s.execute(
+            update(FoldRun).filter_by(**where).values(status=status, reason=reason)
+        ),
+        f"recording the {kind} folds of {params_hash} as {status}",
+    )
 
 
 def fold_runs(engine: Engine, study_id: int) -> list[FoldRun]:

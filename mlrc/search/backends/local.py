@@ -1,6 +1,11 @@
 """The local backend: one process (``mlrc study run``) or a pool of workers (``mlrc worker`` on
-PostgreSQL) running the same loop — take the next trial under the study's lock, train its folds
-with a heartbeat, tell Optuna. Workers coordinate only through the database."""
+PostgreSQL, Slurm jobs) running the same loop — take the next trial under the study's lock,
+train its folds with a heartbeat, tell Optuna. Workers coordinate only through the database.
+
+How a trial that raises ends is one rule (:func:`mlrc.search.errors.ending`): interrupted —
+retried, not counted — for a signal (and, found by others, a lost worker or database); failed
+with the one-line error as its reason — counted, told to Optuna as FAIL — for everything else,
+and the error goes on (the command prints that line and exits 2)."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from optuna.trial import TrialState
 
 from mlrc import store
 from mlrc.search.context import Context, derive_seed
-from mlrc.search.errors import Interrupted
+from mlrc.search.errors import INTERRUPTED, Interrupted, ending
 from mlrc.search.heartbeat import (
     HEARTBEAT_S,
     TrialHeartbeat,
@@ -33,7 +38,6 @@ from mlrc.search.objective import PRUNED, finish_trial, pruning, run_objective
 from mlrc.search.optuna_setup import counts, optuna_study
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
-from mlrc.store import trials
 
 log = logging.getLogger("mlrc")
 
@@ -74,7 +78,7 @@ def run_search(
             continue
         with (
             TrialHeartbeat(storage, claim.trial_id, heartbeat_s),
-            _interrupted_on_exit(ctx, ostudy, storage, study_id, claim),
+            _recorded_on_exit(ctx, ostudy, storage, study_id, claim),
         ):
             try:
                 value, reason = run_objective(
@@ -167,23 +171,25 @@ def _enqueue_once(ostudy: optuna.Study, enqueue: list[dict[str, Any]]) -> None:
 
 
 @contextmanager
-def _interrupted_on_exit(
+def _recorded_on_exit(
     ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim
 ) -> Iterator[None]:
-    """A trial stopped by Ctrl-C, SIGTERM (the CLI turns it into KeyboardInterrupt) or an error
-    that ends the process (disk full, unreadable image, ...) is recorded as interrupted at once —
-    retried, not counted — and the exception goes on; KeyboardInterrupt becomes
-    :class:`Interrupted`, naming the trial. A lost database is left to the next run."""
+    """A trial that raises is told to Optuna at once, by the one rule (:func:`ending`; mlrc's
+    row and folds are recorded by :func:`~mlrc.search.objective.run_objective`): stopped by
+    Ctrl-C or SIGTERM (the CLI turns it into KeyboardInterrupt) it is recorded as interrupted —
+    retried, not counted — and :class:`Interrupted`, naming the trial, goes on; failed for any
+    other error (unreadable image, disk full, …) with that error's one line as its reason —
+    counted — and the error goes on. A lost database is left to the next run."""
     try:
         yield
     except BaseException as e:
-        if not trials.is_database_error(e):
+        how, reason = ending(e)
+        if how == INTERRUPTED:
             _record_interrupt(ctx, ostudy, storage, study_id, claim)
-        # a Ctrl-C may surface as another error raised while it unwound (torch.save's
-        # RuntimeError mid-checkpoint): still an interrupt, naming the trial
-        stopped = e if isinstance(e, KeyboardInterrupt) else e.__context__
-        if isinstance(stopped, KeyboardInterrupt) and not isinstance(e, Interrupted):
-            raise Interrupted(claim.trial.number) from e
+            if not isinstance(e, Interrupted):
+                raise Interrupted(claim.trial.number) from e
+        elif how == "failed":
+            _record_failure(ctx, ostudy, storage, study_id, claim, reason)
         raise
 
 
@@ -199,6 +205,24 @@ def _record_interrupt(
     except Exception as e:  # noqa: BLE001 — recovered later (next run / heartbeat); one line
         log.warning(
             "trial %d not recorded as interrupted now (%s); it is recovered later",
+            claim.trial.number,
+            store.db_error_line(e),
+        )
+
+
+def _record_failure(
+    ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim, reason: str
+) -> None:
+    """The claimed trial, if still RUNNING, told to Optuna as FAIL with ``reason`` (a failure
+    here is only logged: left RUNNING, the next run recovers it as interrupted)."""
+    try:
+        with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
+            if storage.get_trial(claim.trial_id).state == TrialState.RUNNING:
+                claim.trial.set_user_attr("reason", reason)
+                ostudy.tell(claim.trial, state=TrialState.FAIL)
+    except Exception as e:  # noqa: BLE001 — recovered later (next run / heartbeat); one line
+        log.warning(
+            "trial %d not recorded as failed now (%s); it is recovered later",
             claim.trial.number,
             store.db_error_line(e),
         )

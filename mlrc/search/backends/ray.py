@@ -26,9 +26,8 @@ from ray.tune.search.optuna import OptunaSearch
 
 from mlrc import store
 from mlrc.config import ResolvedStudy
-from mlrc.errors import first_line
 from mlrc.search.context import Context, build_context, params_hash
-from mlrc.search.errors import StudyError
+from mlrc.search.errors import INTERRUPTED, StudyError, ending, failure_reason
 from mlrc.search.folds import run_fold
 from mlrc.search.heartbeat import (
     HEARTBEAT_S,
@@ -37,7 +36,7 @@ from mlrc.search.heartbeat import (
     heartbeat_storage,
     recover_interrupted,
 )
-from mlrc.search.objective import finish_trial, run_objective, sequential_folds
+from mlrc.search.objective import run_objective, sequential_folds
 from mlrc.search.optuna_setup import finished, optuna_study
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
@@ -146,9 +145,10 @@ def _trainable(config: dict[str, Any], job: Job) -> None:
     with TrialHeartbeat(storage, trial_id, job.heartbeat_s):
         try:
             value, reason = run_objective(ctx, number, params, on_fold=on_fold, folds=folds)
-        except Exception as e:  # noqa: BLE001 — recorded as the trial's reason, not lost
-            reason = f"{type(e).__name__}: {first_line(e, default='')}"
-            finish_trial(ctx, number, "failed", None, None, reason)
+        except Exception as e:
+            how, reason = ending(e)  # run_objective recorded mlrc's row and folds
+            if how != "failed":  # a signal or a lost database: interrupted, see _record_outcomes
+                raise
             value = None
     if reason is not None:
         storage.set_trial_user_attr(trial_id, "reason", reason)
@@ -326,24 +326,46 @@ def _fail_stale(ctx: Context, grace: int, heartbeat_s: int) -> None:
 
 
 def _record_outcomes(ctx: Context, ostudy: optuna.Study, results: Any, n_folds: int) -> None:
-    """Mirror what Ray decided into mlrc's trial table: PRUNED trials, crashed trials."""
+    """Mirror what Ray decided into mlrc's trial table, by the one rule (:func:`ending`):
+    PRUNED trials; a trial that failed before its folds began (mlrc has no row of it: its
+    context could not be built, no CUDA device, …) as failed with Ray's error line; a trial
+    left running in mlrc's table (its process was stopped, lost, or lost the database) as
+    interrupted, retried with the same parameters by the next run."""
     errors = {}
     for res in results:
         number = (res.config or {}).get(NUMBER)
         if number is not None and res.error is not None:
-            errors[int(number)] = str(res.error).strip().splitlines()[-1][:500]
+            errors[int(number)] = _error_line(res.error)
+    retried = {t.user_attrs.get("retry_of") for t in ostudy.get_trials(deepcopy=False)}
     for t in ostudy.get_trials(deepcopy=False, states=(TrialState.PRUNED, TrialState.FAIL)):
         state = trials.trial_state(ctx.engine, ctx.study_id, t.number)
         if t.state == TrialState.PRUNED and state != "pruned":
             done = max(t.intermediate_values, default=0)
             reason = f"stopped by the scheduler after {done} of {n_folds} folds"
             _record(ctx, t, "pruned", reason)
-        elif t.state == TrialState.FAIL and state in (None, "running"):
+        elif t.state == TrialState.FAIL and state is None:
             _record(ctx, t, "failed", errors.get(t.number, "the Ray trial failed"))
+        elif t.state == TrialState.FAIL and state == "running":
+            _record(ctx, t, INTERRUPTED, INTERRUPTED)
+            if t.number not in retried and set(ctx.resolved.space) <= set(t.params):
+                ostudy.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
+
+
+def _error_line(error: BaseException) -> str:
+    """The one line of a Ray trial's error: the original exception's (:func:`failure_reason`)
+    when Ray kept it, else the last line of Ray's text."""
+    cause = getattr(error, "cause", None) or error.__cause__
+    if isinstance(cause, Exception) and not isinstance(cause, type(error)):
+        return failure_reason(cause)
+    return str(error).strip().splitlines()[-1][:500]
 
 
 def _record(ctx: Context, t: optuna.trial.FrozenTrial, state: str, reason: str) -> None:
     params = {**ctx.resolved.fixed, **t.params}
+    if state == INTERRUPTED:  # its running folds resume from last.pt
+        trials.end_running_folds(
+            ctx.engine, ctx.study_id, "search", params_hash(params), state, reason
+        )
     trials.mark_trial(
         ctx.engine, ctx.study_id, t.number, params, params_hash(params), state, reason
     )
