@@ -19,6 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 if "MLRC_CACHE" not in os.environ:
     os.environ["MLRC_CACHE"] = tempfile.mkdtemp(prefix="mlrc-test-cache-")
     atexit.register(shutil.rmtree, os.environ["MLRC_CACHE"], ignore_errors=True)
+# The real Omniglot subset: a data part beside a developer's clone and in CI (never committed),
+# absent from a user's clone, where its tests skip. Besides it, only the check that
+# tests/fixtures/reference still copies the paper notes looks beside the clone.
 OMNIGLOT_DEFAULT = REPO.parent / "shared" / "datasets" / "omniglot" / "images_background_small1.zip"
 
 
