@@ -312,12 +312,13 @@ def test_the_search_goes_on_after_zero_scored_trials(unstable_study):
 # --- a disk that fills while a checkpoint is written --------------------------------------------
 
 
-def test_full_disk_while_checkpointing_keeps_the_last_checkpoint_and_resumes(tmp_path):
+def test_full_disk_while_checkpointing_fails_the_trial_with_the_line(tmp_path):
     """``ulimit -f`` between the sizes of ``last.pt`` after epoch 0 (~0.5 MB: no optimiser state
     yet) and after epoch 1 (~1.4 MB): the epoch-1 checkpoint cannot be written. The run stops
-    with one line naming the file, the epoch-0 ``last.pt`` stays as it was, no temp file is left,
-    the trial is recorded as interrupted, and the next run (no limit) resumes and finishes."""
-    path = write_study(tmp_path, "full", trials=1, over={"max_epochs": 2})
+    with one line naming the file, no temp file is left, and — not a signal, a lost worker or a
+    lost database — the trial and its fold are failed with that line as their reason (counted,
+    not retried); the next run (no limit) goes on with the next trial."""
+    path = write_study(tmp_path, "full", trials=2, over={"max_epochs": 2})
     db, art = tmp_path / "db.sqlite", tmp_path / "art"
     url = f"sqlite:///{db}"
     args = ["study", "run", path, "--storage", url, "--artifacts", art, "--quiet"]
@@ -326,23 +327,23 @@ def test_full_disk_while_checkpointing_keeps_the_last_checkpoint_and_resumes(tmp
     [(h,)] = sql(db, "select params_hash from mlrc_fold_run where fold = 0")
     [protocol] = (art / "full").glob("p-*")
     last = protocol / "search" / h / "fold0" / "last.pt"
-    assert child.stderr_lines() == [
-        f"error: disk full / file too large writing {last} (File too large)"
-    ]
-    state = torch.load(last, map_location="cpu", weights_only=True)
-    assert state["epoch"] == 0 and state["result"] is None
-    assert not list(last.parent.glob(".*.tmp-*"))
-    assert trials(db)[0][:2] == ("interrupted", "interrupted")
-    [first, retry] = optuna_trials(url, "full")
-    assert first.state.name == "FAIL" and first.user_attrs["reason"] == "interrupted"
-    assert retry.state.name == "WAITING" and retry.user_attrs["retry_of"] == 0
+    reason = f"disk full / file too large writing {last} (File too large)"
+    assert child.stderr_lines() == [f"error: {reason}"]
+    assert leftovers(art) == []
+    assert trials(db)[0][:2] == ("failed", reason)
+    assert sql(db, "select fold, status, reason from mlrc_fold_run") == [(0, "failed", reason)]
+    [(fold0,)] = sql(db, "select id from mlrc_fold_run where fold = 0")
+    epochs = sql(db, "select epoch from mlrc_epoch_metric where fold_run_id = ? order by 1", fold0)
+    assert [e for (e,) in epochs] == [0, 1]  # epoch 1 was validated; its checkpoint was not kept
+    [first] = optuna_trials(url, "full")
+    assert first.state.name == "FAIL" and first.user_attrs["reason"] == reason  # counted
 
     again = Child([args], tmp_path / "again")
     assert again.wait() == 0, again.output()
-    assert [t[0] for _, t in sorted(trials(db).items())] == ["interrupted", "complete"]
-    [(fold0,)] = sql(db, "select id from mlrc_fold_run where fold = 0")
-    epochs = sql(db, "select epoch from mlrc_epoch_metric where fold_run_id = ? order by 1", fold0)
-    assert [e for (e,) in epochs] == [0, 1, 2]  # resumed after epoch 0, nothing lost or repeated
+    assert [t[:2] for _, t in sorted(trials(db).items())] == [
+        ("failed", reason),
+        ("complete", None),
+    ]
     assert leftovers(art) == [] and integrity(db) == "ok"
 
 
