@@ -95,7 +95,7 @@ class FoldRun(Base):
     fold: Mapped[int] = mapped_column(Integer)
     trial_number: Mapped[int | None] = mapped_column(Integer)  # trial that (last) ran it
     seed: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16))  # running | complete | failed
+    status: Mapped[str] = mapped_column(String(16))  # running | complete | failed | interrupted
     reason: Mapped[str | None] = mapped_column(Text)
     best_epoch: Mapped[int | None] = mapped_column(Integer)
     # validation metrics of best_epoch (the epoch best.pt holds; 0 = the untrained model)
