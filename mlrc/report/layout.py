@@ -263,6 +263,11 @@ def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
     for b in blocks:
         for label, zeros, done in b.nonfinite:
             out.append(f"{label} ({b.name}): {zeros} of {done} complete trials {NONFINITE_NOTE}.")
+    failures = dict(zip(summary["study"], summary["failures"], strict=True))
+    for b in blocks:
+        for r in b.rows:  # failed trials and test folds, with the reason each failed with
+            if not r.baseline and failures.get(r.study):
+                out.append(f"{r.label} ({b.name}): {failures[r.study]}.")
     return out
 
 

@@ -41,6 +41,8 @@ TIDY_COLUMNS = [
     "complete_trials",
     "nonfinite_trials",
     "test_set_selection",  # True: the traditional protocol, epoch chosen on the test set
+    "failed_trials",  # trials failed with a reason (an error stopped them)
+    "failures",  # each failed trial and test fold with its reason, "; "-separated
 ]
 _KEYS = ["study", "dataset", "protocol", "loss", "strategy", "pruner", "mode", "metric"]
 
@@ -68,6 +70,8 @@ def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
         "nonfinite_trials": pd.NA,
         "budget_history": "",
         "test_set_selection": False,
+        "failed_trials": pd.NA,
+        "failures": "",
     }
     for c, v in defaults.items():
         if c not in values.columns:
@@ -115,7 +119,7 @@ def _intervals(values: pd.DataFrame, level: float) -> tuple[pd.DataFrame, list[n
     summary = pd.DataFrame(out, columns=columns)
     for c in ("baseline", "test_set_selection"):
         summary[c] = summary[c].astype(bool)
-    for c in ("trials_budget", "complete_trials", "nonfinite_trials"):
+    for c in ("trials_budget", "complete_trials", "nonfinite_trials", "failed_trials"):
         summary[c] = summary[c].astype("Int64")
     return summary, samples
 

@@ -54,6 +54,8 @@ META_COLUMNS = [
     "nonfinite_trials",  # complete trials scored 0 for a non-finite loss or embeddings
     "budget_history",  # "search.trials 50 → 70 (2026-11-24)"; … when its budgets changed, or ""
     "test_set_selection",  # traditional protocol: the epoch chosen on the test classes (leakage)
+    "failed_trials",  # trials failed with a reason (an error stopped them; not the scored zeros)
+    "failures",  # "trial 0 failed: reason; reproduction 2, fold 0 failed: reason", or ""
 ]
 TRADITIONAL_MODE = "concatenated"  # a traditional study's one model (its aggregate row)
 EPOCH = "best_epoch"  # the epoch chosen on the test classes, in epochs (not a percentage)
@@ -292,6 +294,8 @@ def _baseline_rows(
                         "nonfinite_trials": None,
                         "budget_history": "",
                         "test_set_selection": False,  # untrained: no epoch chosen
+                        "failed_trials": None,
+                        "failures": "",
                         "_order": (*g.rank, 0, i),
                         "_metric": j,
                     }
@@ -315,7 +319,7 @@ def _values_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for r in rows:
         del r["_order"], r["_metric"]
     values = pd.DataFrame(rows, columns=VALUE_COLUMNS)
-    for c in ("trials_budget", "complete_trials", "nonfinite_trials"):
+    for c in ("trials_budget", "complete_trials", "nonfinite_trials", "failed_trials"):
         values[c] = values[c].astype("Int64")
     for c in ("baseline", "test_set_selection"):
         values[c] = values[c].astype(bool)
@@ -329,6 +333,15 @@ def budget_history(changes: list[Any]) -> str:
         for h in changes
         if h.field in ("search.trials", "test.reproductions")
     )
+
+
+def failure_columns(lines: list[str]) -> dict[str, Any]:
+    """``failed_trials`` and ``failures`` of a study from its failure lines (``trial N failed:
+    reason``, ``reproduction R, fold F failed: reason``)."""
+    return {
+        "failed_trials": sum(line.startswith("trial ") for line in lines),
+        "failures": "; ".join(lines),
+    }
 
 
 def _study_meta(
@@ -371,6 +384,8 @@ def collect(
     groups = _protocol_groups(sorted(found.values(), key=lambda st: rank[st.name]))
     group_of = {st.id: g for g in groups for st in g.studies}
     meta = _study_meta(groups, _trial_counts(data.trial_reasons, list(found)), data.history)
+    for study_id, m in meta.items():  # failed trials and test folds, with their reasons
+        m.update(failure_columns(data.failures.get(study_id, [])))
     rows = _study_rows(data.results, group_of, rank, meta)
     for g in groups:
         rows += _baseline_rows(g, data.baseline_links, data.baselines)

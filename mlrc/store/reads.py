@@ -13,6 +13,7 @@ from mlrc.store.engine import session
 from mlrc.store.schema import (
     Baseline,
     CampaignStudy,
+    FoldRun,
     Study,
     StudyBaseline,
     StudyHistory,
@@ -76,6 +77,8 @@ class TableInputs:
     baseline_links: dict[int, str]  # study id -> baseline key
     baselines: dict[str, list[Baseline]] = field(default_factory=dict)  # key -> one per mode
     history: dict[int, list[StudyHistory]] = field(default_factory=dict)  # study id -> changes
+    # study id -> "trial 0 failed: reason", "reproduction 2, fold 0 failed: reason" (in order)
+    failures: dict[int, list[str]] = field(default_factory=dict)
 
 
 def table_inputs(engine: Engine, names: list[str]) -> TableInputs:
@@ -91,6 +94,7 @@ def table_inputs(engine: Engine, names: list[str]) -> TableInputs:
             baseline_links=links,
             baselines=_baselines(s, sorted(set(links.values()))),
             history=_history(s, ids),
+            failures=_failures(s, ids),
         )
 
 
@@ -108,6 +112,21 @@ def _complete_trial_reasons(s: Session, study_ids: list[int]) -> list[tuple[int,
         Trial.study_id.in_(study_ids), Trial.state == "complete"
     )
     return [(study_id, reason) for study_id, reason in s.execute(q).all()]
+
+
+def _failures(s: Session, study_ids: list[int]) -> dict[int, list[str]]:
+    """Per study, its failed trials and failed test folds, each with its reason."""
+    out: dict[int, list[str]] = {}
+    q = select(Trial).where(Trial.study_id.in_(study_ids), Trial.state == "failed")
+    for t in s.execute(q.order_by(Trial.study_id, Trial.number)).scalars():
+        out.setdefault(t.study_id, []).append(f"trial {t.number} failed: {t.reason or '?'}")
+    q = select(FoldRun).where(
+        FoldRun.study_id.in_(study_ids), FoldRun.kind == "test", FoldRun.status == "failed"
+    )
+    for f in s.execute(q.order_by(FoldRun.study_id, FoldRun.reproduction, FoldRun.fold)).scalars():
+        line = f"reproduction {f.reproduction}, fold {f.fold} failed: {f.reason or '?'}"
+        out.setdefault(f.study_id, []).append(line)
+    return out
 
 
 def _baseline_links(s: Session, study_ids: list[int]) -> dict[int, str]:
