@@ -181,7 +181,8 @@ def test_status_shows_the_retention_and_its_history(kept_best):
     url, _ = kept_best
     out = cli("study", "status", "r", "--storage", url).output
     assert "budget: 2 trials, 2 reproductions; checkpoints kept: best" in out
-    assert "artifacts.keep resume → best" in out
+    assert "artifacts.keep" not in out  # a new study's history starts at its own settings
+    assert rows(url, StudyHistory) == []
 
 
 # --- gc ----------------------------------------------------------------------------------------
@@ -411,12 +412,25 @@ def test_every_change_of_budget_is_in_the_history_status_and_report(grown):
     assert "contrastive (glyphs): budget changed during the study — search.trials 2 → 3 (" in report
 
 
+def test_a_plain_rerun_keeps_the_grown_budgets(grown, tmp_path):
+    _, url0, art0, small, *_ = grown
+    url = copy_store(url0, tmp_path / "db.sqlite")
+    before, history = numbers(url), rows(url, StudyHistory)
+    cli("study", "run", small, "--storage", url, "--artifacts", art0, "--quiet")  # file: 2 trials
+    cli("study", "test", small, "--storage", url, "--artifacts", art0, "--quiet")  # 2 reps
+    assert numbers(url) == before
+    assert [h.id for h in rows(url, StudyHistory)] == [h.id for h in history]  # nothing new
+    status = cli("study", "status", "g", "--storage", url).output
+    assert "budget: 3 trials, 3 reproductions" in status
+
+
 def test_lowering_a_budget_deletes_nothing_and_is_recorded(grown, tmp_path):
     _, url0, art0, small, *_ = grown
     url = copy_store(url0, tmp_path / "db.sqlite")
     before = numbers(url)
-    cli("study", "run", small, "--storage", url, "--artifacts", art0, "--quiet")  # file: 2 trials
-    cli("study", "test", small, "--storage", url, "--artifacts", art0, "--quiet")  # 2 reps
+    cli("study", "run", small, "--storage", url, "--artifacts", art0, "--quiet", "--trials", 2)
+    cli("study", "test", small, "--storage", url, "--artifacts", art0, "--quiet",
+        "--reproductions", 2)  # fmt: skip
     assert numbers(url) == before
     history = [(h.field, h.old, h.new) for h in rows(url, StudyHistory)]
     assert history[-2:] == [("search.trials", "3", "2"), ("test.reproductions", "3", "2")]

@@ -142,6 +142,12 @@ def test_threads_are_the_study_s_and_a_change_is_recorded(tmp_path):
     assert by_trial == {0: {1}, 1: {1}, 2: {2}}
     status = cli("study", "status", "s", "--storage", url).output
     assert "threads per fold: 2" in status and "threads 1 → 2" in status
+    cli("study", "test", path, "--storage", url, "--artifacts", art, "--quiet")
+    assert {f.threads for f in rows(url, FoldRun, kind="test")} == {2}
+    report = cli("report", "--storage", url).output
+    assert "contrastive (glyphs): its folds ran with different torch thread counts (1, 2)" in (
+        report
+    )
 
 
 HOLDER = """

@@ -21,6 +21,7 @@ from mlrc.cli.options import (
     MaxConcurrentOpt,
     QuietOpt,
     ReproductionsOpt,
+    SkipChecksOpt,
     StorageOpt,
     ThreadsOpt,
     TrackOpt,
@@ -67,12 +68,14 @@ def open_study_file(
     stage: str = "search",
     track: str | None = None,
     threads: int | None = None,
+    checks: bool = True,
 ):
     """Load the study file, with the budgets and retention given on the command line, and open
     its study (a context manager yielding the study's :class:`~mlrc.search.Context`) for the
     ``stage`` ("search" or "test") whose budget it records when changed. What the command line
     gives (``--trials``, ``--reproductions``, ``--keep``, ``--threads``) is the study's from then
-    on: a plain rerun keeps it (see :func:`mlrc.search.context.settle`)."""
+    on: a plain rerun keeps it (see :func:`mlrc.search.context.settle`). ``checks``: the
+    pre-flight first (:func:`preflight`)."""
     from mlrc.config import load_study, with_changes
     from mlrc.search import open_study
     from mlrc.search.tracking import with_track
@@ -81,6 +84,8 @@ def open_study_file(
         load_study(study_file), trials=trials, reproductions=reproductions, keep=keep
     )
     resolved = with_track(resolved, track)  # --track: instead of the file's tracking
+    if checks:  # before the study is registered: a refused study leaves nothing in the store
+        preflight(resolved, quiet)
     used = ("search.trials",) if stage == "search" else ("test.reproductions",)
     return open_study(
         resolved,
@@ -92,6 +97,16 @@ def open_study_file(
         budgets_used=used,
         threads=threads,
     )
+
+
+def preflight(resolved, quiet: bool) -> None:
+    """The study's pre-flight (:mod:`mlrc.train.preflight`), its line printed unless ``quiet``;
+    a problem raises its one-line error."""
+    from mlrc.train.preflight import preflight as check
+
+    done = check(resolved, progress=not quiet)
+    if not quiet:
+        console.print(done.line(), soft_wrap=True, highlight=False)
 
 
 @study_app.command("run")
@@ -122,6 +137,7 @@ def study_run(
     trials: TrialsOpt = None,
     keep: KeepOpt = None,
     track: TrackOpt = None,
+    skip_checks: SkipChecksOpt = False,
 ) -> None:
     """Run (or resume) the Bayesian search: trials × 4 folds, objective = mean val MAP@R."""
     from mlrc.search import run_search
@@ -150,6 +166,7 @@ def study_run(
             keep=keep,
             track=track,
             threads=threads,
+            checks=not skip_checks,
         ) as ctx,
     ):
         if backend == "ray":
@@ -192,6 +209,7 @@ def study_test(
     reproductions: ReproductionsOpt = None,
     keep: KeepOpt = None,
     track: TrackOpt = None,
+    skip_checks: SkipChecksOpt = False,
 ) -> None:
     """Retrain the best parameters N times × 4 folds and test on the unseen classes."""
     from mlrc.search import run_test
@@ -214,6 +232,7 @@ def study_test(
             stage="test",
             track=track,
             threads=threads,
+            checks=not skip_checks,
         ) as ctx,
     ):
         for problem in run_test(ctx):

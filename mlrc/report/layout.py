@@ -116,6 +116,7 @@ class Block:
     history: list[tuple[str, str]] = field(default_factory=list)  # (row label, budget changes)
     columns: list[tuple[str, str]] = field(default_factory=lambda: list(COLUMNS))  # the cells'
     traditional: bool = False  # its epoch chosen on the test set: rows marked §, own columns
+    threads: list[tuple[str, str]] = field(default_factory=list)  # (row label, "1, 2")
 
     @property
     def name(self) -> str:
@@ -138,6 +139,7 @@ class _BlockNotes:
     nonfinite: list[tuple[str, int, int]]
     budgets: dict[int, list[str]]
     history: list[tuple[str, str]] = field(default_factory=list)
+    threads: list[tuple[str, str]] = field(default_factory=list)  # (row label, "1, 2")
 
 
 def _study_row(
@@ -153,6 +155,8 @@ def _study_row(
         acc.budgets.setdefault(int(first["trials_budget"]), []).append(label)
     if first["budget_history"]:
         acc.history.append((label, first["budget_history"]))
+    if first["fold_threads"]:
+        acc.threads.append((label, first["fold_threads"]))
     if first["pruner"] != "none":
         label = f"{label} {DDAGGER}"
     if first["test_set_selection"]:
@@ -217,6 +221,7 @@ def _block(dataset: str, protocol: str, d: pd.DataFrame) -> Block:
         acc.history,
         columns,
         traditional,
+        threads=acc.threads,
     )
 
 
@@ -260,6 +265,13 @@ def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
     for b in blocks:
         for label, changes in b.history:
             out.append(f"{label} ({b.name}): budget changed during the study — {changes}.")
+    for b in blocks:
+        for label, counts in b.threads:
+            out.append(
+                f"{label} ({b.name}): its folds ran with different torch thread counts "
+                f"({counts}); float sums differ between counts, so its numbers are not those "
+                "of one count."
+            )
     for b in blocks:
         for label, zeros, done in b.nonfinite:
             out.append(f"{label} ({b.name}): {zeros} of {done} complete trials {NONFINITE_NOTE}.")

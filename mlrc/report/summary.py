@@ -69,6 +69,7 @@ def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
         "complete_trials": pd.NA,
         "nonfinite_trials": pd.NA,
         "budget_history": "",
+        "fold_threads": "",
         "test_set_selection": False,
         "failed_trials": pd.NA,
         "failures": "",

@@ -53,6 +53,7 @@ META_COLUMNS = [
     "complete_trials",
     "nonfinite_trials",  # complete trials scored 0 for a non-finite loss or embeddings
     "budget_history",  # "search.trials 50 → 70 (2026-11-24)"; … when its budgets changed, or ""
+    "fold_threads",  # "1, 2" when its folds ran with several torch thread counts, or ""
     "test_set_selection",  # traditional protocol: the epoch chosen on the test classes (leakage)
     "failed_trials",  # trials failed with a reason (an error stopped them; not the scored zeros)
     "failures",  # "trial 0 failed: reason; reproduction 2, fold 0 failed: reason", or ""
@@ -293,6 +294,7 @@ def _baseline_rows(
                         "complete_trials": None,
                         "nonfinite_trials": None,
                         "budget_history": "",
+                        "fold_threads": "",
                         "test_set_selection": False,  # untrained: no epoch chosen
                         "failed_trials": None,
                         "failures": "",
@@ -344,10 +346,17 @@ def failure_columns(lines: list[str]) -> dict[str, Any]:
     }
 
 
+def fold_threads(counts: list[int]) -> str:
+    """``"1, 2"`` when a study's folds ran with several torch thread counts, else "" (one
+    count: its folds are comparable bit for bit)."""
+    return ", ".join(map(str, counts)) if len(counts) > 1 else ""
+
+
 def _study_meta(
     groups: list[_Group],
     counts: tuple[dict[int, int], dict[int, int]],
     history: dict[int, list[Any]],
+    threads: dict[int, list[int]],
 ) -> dict[int, dict[str, Any]]:
     """Per study id, its :data:`META_COLUMNS`."""
     complete, nonfinite = counts
@@ -360,6 +369,7 @@ def _study_meta(
             "complete_trials": complete[st.id],
             "nonfinite_trials": nonfinite[st.id],
             "budget_history": budget_history(history.get(st.id, [])),
+            "fold_threads": fold_threads(threads.get(st.id, [])),
             "test_set_selection": g.traditional,
         }
         for g in groups
@@ -383,7 +393,8 @@ def collect(
     found = {st.id: st for st, _ in data.results}
     groups = _protocol_groups(sorted(found.values(), key=lambda st: rank[st.name]))
     group_of = {st.id: g for g in groups for st in g.studies}
-    meta = _study_meta(groups, _trial_counts(data.trial_reasons, list(found)), data.history)
+    counts = _trial_counts(data.trial_reasons, list(found))
+    meta = _study_meta(groups, counts, data.history, data.fold_threads)
     for study_id, m in meta.items():  # failed trials and test folds, with their reasons
         m.update(failure_columns(data.failures.get(study_id, [])))
     rows = _study_rows(data.results, group_of, rank, meta)

@@ -77,6 +77,8 @@ class TableInputs:
     baseline_links: dict[int, str]  # study id -> baseline key
     baselines: dict[str, list[Baseline]] = field(default_factory=dict)  # key -> one per mode
     history: dict[int, list[StudyHistory]] = field(default_factory=dict)  # study id -> changes
+    # study id -> the torch thread counts its complete fold runs recorded (several: say so)
+    fold_threads: dict[int, list[int]] = field(default_factory=dict)
     # study id -> "trial 0 failed: reason", "reproduction 2, fold 0 failed: reason" (in order)
     failures: dict[int, list[str]] = field(default_factory=dict)
 
@@ -94,6 +96,7 @@ def table_inputs(engine: Engine, names: list[str]) -> TableInputs:
             baseline_links=links,
             baselines=_baselines(s, sorted(set(links.values()))),
             history=_history(s, ids),
+            fold_threads=_fold_threads(s, ids),
             failures=_failures(s, ids),
         )
 
@@ -149,3 +152,16 @@ def _history(s: Session, study_ids: list[int]) -> dict[int, list[StudyHistory]]:
     for h in s.execute(q.order_by(StudyHistory.time, StudyHistory.id)).scalars():
         out.setdefault(h.study_id, []).append(h)
     return out
+
+
+def _fold_threads(s: Session, study_ids: list[int]) -> dict[int, list[int]]:
+    q = (
+        select(FoldRun.study_id, FoldRun.threads)
+        .where(FoldRun.study_id.in_(study_ids), FoldRun.status == "complete")
+        .where(FoldRun.threads.is_not(None))
+        .distinct()
+    )
+    out: dict[int, list[int]] = {}
+    for study_id, threads in s.execute(q).all():
+        out.setdefault(study_id, []).append(threads)
+    return {k: sorted(v) for k, v in out.items()}

@@ -65,7 +65,7 @@ class _Share:
     directory: Path | None = None
 
 
-POLL_S = 0.25  # how often a process waiting for a fold slot looks again
+POLL_S = 0.1  # how often a process waiting for a fold slot looks again
 
 
 _state = _Share()

@@ -10,11 +10,13 @@ a failure in the middle of a run, so they pass ``--skip-checks`` where the comma
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
 import numpy as np
 import optuna
+import pandas as pd
 import pytest
 import typer.main
 import yaml
@@ -131,6 +133,43 @@ def test_study_status_shows_the_failed_trial_and_its_reason(corrupt_search):
     assert f"trial 0 failed: {reason}" in out
     assert "0 complete, 0 running, 1 failed, 0 interrupted, 0 pruned" in out
     assert "trial 0 interrupted" not in out
+
+
+def test_the_report_keeps_the_failed_trial_and_its_reason(corrupt_search, tmp_path):
+    """The image removed, the study goes on (trial 1) and is tested: the report's notes (md),
+    its CSV and its JSON say trial 0 failed, with the reason."""
+    _, _, db, url, reason = corrupt_search
+    [(config,)] = sql(db, "select config from mlrc_study where name = 'corrupt'")
+    root = Path(json.loads(config)["study"]["dataset"]["root"])
+    (root / "c01" / "fake.png").unlink()
+    path = study_file(tmp_path, "corrupt", root)
+    common = ["--storage", url, "--artifacts", db.parent / "art", "--quiet"]
+    report = ["report", "--study", "corrupt", "--storage", url]
+    child = Child(
+        [
+            ["study", "run", path, *common],
+            ["study", "test", path, *common],
+            [*report, "--format", "csv", "--out", tmp_path / "r.csv"],
+            [*report, "--format", "json", "--out", tmp_path / "r.json"],
+        ],
+        tmp_path / "finish",
+    )
+    assert child.wait() == 0, child.output()
+    note = f"contrastive (image_folder): trial 0 failed: {reason}."
+    assert note in child.output()  # study test prints the report, notes included
+    table = pd.read_csv(tmp_path / "r.csv")
+    study = table[table["study"] == "corrupt"]
+    assert len(study) and (study["failed_trials"] == 1).all()
+    assert (study["failures"] == f"trial 0 failed: {reason}").all()
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert note in doc["legend"]
+    assert {ln["failures"] for ln in doc["lines"] if ln["study"] == "corrupt"} == {
+        f"trial 0 failed: {reason}"
+    }
+    assert [t[:2] for _, t in sorted(trials(db).items())] == [
+        ("failed", reason),
+        ("complete", None),
+    ]
 
 
 def test_a_campaign_cell_shows_the_failed_trial(tmp_path):
