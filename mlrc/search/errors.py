@@ -43,6 +43,9 @@ def failure_reason(e: BaseException) -> str:
     from mlrc.protocol import SplitError
     from mlrc.registry import RegistryError
 
+    cause = getattr(e, "cause", None)  # a Ray task's error: the exception the task raised
+    if type(e).__name__.startswith("RayTaskError") and isinstance(cause, BaseException):
+        e = cause
     line = first_line(worker_message(str(e)), default="")
     if isinstance(e, ConfigError | StudyError | DatasetError | RegistryError | SplitError):
         return line or type(e).__name__

@@ -318,3 +318,55 @@ def test_the_interrupted_campaign_resumes_to_the_end(signalled_campaign):
     assert "1 studies: 1 done" in final.output()
     assert {s for (s,) in sql(db, "select status from mlrc_fold_run")} == {"complete"}
     assert [t[0] for _, t in sorted(trials(db).items())] == ["interrupted", "complete"]
+
+
+# --- the rule itself -----------------------------------------------------------------------------
+
+
+def _raised_while(handling: BaseException, raised: BaseException) -> BaseException:
+    """``raised`` as Python leaves it when raised inside ``except`` of ``handling``."""
+    try:
+        try:
+            raise handling
+        except BaseException:
+            raise raised  # noqa: B904 — the implicit context is the point
+    except BaseException as e:  # noqa: BLE001
+        return e
+
+
+def test_the_rule_interrupted_only_for_a_signal_or_a_lost_database():
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from mlrc.data.base import DatasetError
+    from mlrc.search.errors import Interrupted, ending
+    from mlrc.store import StoreError
+
+    assert ending(KeyboardInterrupt()) == ("interrupted", None)
+    assert ending(Interrupted(3)) == ("interrupted", None)
+    # torch.save's zip writer raises a RuntimeError while a Ctrl-C unwinds: still the signal
+    assert ending(
+        _raised_while(KeyboardInterrupt(), RuntimeError("PytorchStreamWriter failed"))
+    ) == (
+        "interrupted",
+        None,
+    )
+    lost = OperationalError("select 1", {}, sqlite3.OperationalError("disk I/O error"))
+    assert ending(lost) == ("lost", None)
+    assert ending(StoreError("sqlite:///x.db: the database is unreachable")) == ("lost", None)
+    # everything else fails, with the line the command prints (less "error: ")
+    assert ending(DatasetError("/d/c1/x.png: unreadable or corrupt image (truncated)")) == (
+        "failed",
+        "/d/c1/x.png: unreadable or corrupt image (truncated)",
+    )
+    worker = (
+        "Caught DatasetError in DataLoader worker process 0.\nOriginal Traceback (most recent "
+        'call last):\n  File "x.py", line 1\nDatasetError: /d/c1/x.png: image file is missing'
+    )
+    assert ending(DatasetError(worker)) == ("failed", "/d/c1/x.png: image file is missing")
+    assert ending(ValueError("no query has another item of its class\nmore")) == (
+        "failed",
+        "ValueError: no query has another item of its class",
+    )
+    assert ending(MemoryError()) == ("failed", "MemoryError")
