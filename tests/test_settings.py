@@ -246,3 +246,33 @@ def test_a_single_process_never_waits(tmp_path):
         pass
     assert time.monotonic() - start < threads.POLL_S
     assert os.listdir(tmp_path / "workers")  # registered
+
+
+WAITER = """
+import sys
+from pathlib import Path
+from mlrc.train import threads
+threads.configure(None, Path(sys.argv[1]))
+with threads.fold_slot(1):
+    print("ran", flush=True)
+"""
+
+
+def test_a_process_stopped_while_it_waits_leaves_no_wait_behind(tmp_path):
+    import signal
+
+    d = tmp_path / "workers"
+    [holder] = _helpers(d, 1, "fold", str(threads.visible_cores()))
+    waiter = subprocess.Popen([sys.executable, "-c", WAITER, str(d)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not list(d.glob("*.wait-*.slot")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(d.glob("*.wait-*.slot")), "the waiter never waited"
+        waiter.send_signal(signal.SIGINT)  # Ctrl-C while it waits
+        out, err = waiter.communicate(timeout=30)
+        assert "ran" not in out and "waiting for a free slot" in err
+        assert not list(d.glob("*.wait-*.slot"))  # its wait ended with it
+    finally:
+        _stop([holder, waiter])

@@ -257,20 +257,26 @@ def fold_slot(threads: int) -> Iterator[None]:
 
 def _claim(d: Path, threads: int) -> FileLock:
     """Wait for a slot in ``d`` and take it: the held ``run`` file."""
+    waiting: list[FileLock] = []
+    try:
+        return _wait_and_take(d, threads, waiting)
+    finally:  # taken, or stopped while waiting (Ctrl-C): this process waits no more
+        for lock in waiting:
+            _drop(lock)
+
+
+def _wait_and_take(d: Path, threads: int, waiting: list[FileLock]) -> FileLock:
+    """:func:`_claim`'s loop; ``waiting`` gets this process's ``wait`` file once it waits."""
     prefix, pid, cores = _host_prefix(), os.getpid(), visible_cores()
-    waiting: FileLock | None = None
     while True:
         with _mutex(d):
             busy, waiters = _others(d, prefix, pid)
-            mine = _ticket(waiting) if waiting is not None else None
+            mine = _ticket(waiting[0]) if waiting else None
             first = not waiters or (mine is not None and mine <= min(waiters))
             if first and (busy == 0 or busy + threads <= cores):
-                held = _hold(d / f"{prefix}{pid}.run-{threads}.slot")
-                if waiting is not None:
-                    _drop(waiting)
-                return held
-            if waiting is None:
-                waiting = _hold(d / f"{prefix}{pid}.wait-{time.time_ns()}.slot")
+                return _hold(d / f"{prefix}{pid}.run-{threads}.slot")
+            if not waiting:
+                waiting.append(_hold(d / f"{prefix}{pid}.wait-{time.time_ns()}.slot"))
                 log.warning(
                     "cpu share: waiting for a free slot (%d of %d cores busy with other mlrc "
                     "processes' folds; this study's folds use %d thread%s)",
