@@ -27,7 +27,7 @@ from ray.tune.search.optuna import OptunaSearch
 from mlrc import store
 from mlrc.config import ResolvedStudy
 from mlrc.search.context import Context, build_context, params_hash
-from mlrc.search.errors import INTERRUPTED, StudyError, ending, failure_reason
+from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending, failure_reason
 from mlrc.search.folds import run_fold
 from mlrc.search.heartbeat import (
     HEARTBEAT_S,
@@ -35,6 +35,7 @@ from mlrc.search.heartbeat import (
     fail_stale_trials,
     heartbeat_storage,
     recover_interrupted,
+    retry_interrupted,
 )
 from mlrc.search.objective import run_objective, sequential_folds
 from mlrc.search.optuna_setup import finished, optuna_study
@@ -249,9 +250,33 @@ def run_search_ray(
     )
     resources = _resources(job, n, cpus_per_trial, gpus_per_trial)
     tuner = partial(_tuner, ctx, job, storage, scheduler, max_concurrent, remaining, resources)
-    results = _fit(ctx, address, tuner)
+    try:
+        results = _fit(ctx, address, tuner)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (the CLI's): the running trials
+        raise _interrupted(ctx, ostudy, storage, study_id) from e
     _record_outcomes(ctx, ostudy, results, n)
     return ostudy
+
+
+def _interrupted(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> Interrupted:
+    """After Ctrl-C or SIGTERM stopped Tune (its trials' processes are gone with this driver's
+    Ray session): the Ray trials of the study still RUNNING, with mlrc's row running, are
+    recorded as interrupted now — retried, not counted — as the local backend does; the
+    :class:`Interrupted` to raise names them. A failure to record is only logged (the next run
+    recovers them)."""
+    numbers = []
+    try:
+        with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
+            for t in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                ours = str(t.user_attrs.get("worker", "")).startswith("ray:")  # not a pool's
+                if ours and trials.trial_state(ctx.engine, ctx.study_id, t.number) == "running":
+                    retry_interrupted(ctx, ostudy, storage, study_id, t)
+                    numbers.append(t.number)
+    except Exception as err:  # noqa: BLE001 — recovered by the next run; the signal goes on
+        log.warning("Ray trials not recorded as interrupted now (%s)", store.db_error_line(err))
+    if len(numbers) == 1:
+        return Interrupted(numbers[0])
+    return Interrupted(what=f"trials {', '.join(map(str, numbers))}" if numbers else None)
 
 
 def _resources(job: Job, n_folds: int, cpus_per_trial: float, gpus_per_trial: float) -> Any:
@@ -300,6 +325,9 @@ def _fit(ctx: Context, address: str | None, tuner: Callable[[], Any]) -> Any:
     unless this process already joined one); returns Tune's results."""
     import ray
 
+    # Ctrl-C raises KeyboardInterrupt here, as SIGTERM does (mlrc.cli.interrupts), instead of
+    # Tune's handler, which would end the run as if it were complete and the trials pruned
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(
