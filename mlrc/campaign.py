@@ -53,6 +53,7 @@ __all__ = [
     "find_campaign",
     "load_campaign",
     "parse_campaign",
+    "preflight",
     "print_grid",
     "progress",
     "register",
@@ -282,18 +283,22 @@ def run_campaign(
     backend: str = "local",
     ray_options: dict[str, Any] | None = None,
     track: str | None = None,
+    checks: bool = True,
 ) -> dict[str, str]:
-    """Run (or resume) every study of the campaign file: load and resolve them all, register
-    them, then search and test each in turn (``backend`` local or ray, one Ray session for the
-    whole campaign), and print the grid and the table of the tested studies. Returns the
-    reason each failed study failed, by name (the others still ran). ``track``: ``--track``
-    (instead of the file's ``tracking``)."""
+    """Run (or resume) every study of the campaign file: load and resolve them all, run their
+    pre-flight (``checks``; :func:`preflight`), register them, then search and test each in
+    turn (``backend`` local or ray, one Ray session for the whole campaign), and print the grid
+    and the table of the tested studies. Returns the reason each failed study failed, by name
+    (the others still ran). ``track``: ``--track`` (instead of the file's ``tracking``)."""
     from mlrc import store
     from mlrc.search.tracking import with_track
 
     cfg = load_campaign(campaign_file)
     plan = [(c, with_track(r, track)) for c, r in resolve_campaign(cfg, str(campaign_file))]
     engine = store.connect(storage)
+    if checks:  # every study's, before any is registered: one problem refuses the campaign
+        _refuse_changed(engine, plan)  # first: a changed study needs no pre-flight to be refused
+        preflight(plan, quiet)
     register(engine, cfg, plan)
     ray_options = ray_options or {}
     run = partial(
@@ -309,6 +314,21 @@ def run_campaign(
         failures = _run_studies(cfg.name, plan, run)
     _print_outcome(engine, cfg.name, plan)
     return failures
+
+
+def preflight(plan: Plan, quiet: bool) -> None:
+    """The pre-flight of every study (:mod:`mlrc.train.preflight`), a line each unless
+    ``quiet``; the first problem is raised as its one line, naming the study at its end."""
+    from mlrc.terminal import console
+    from mlrc.train.preflight import preflight as check
+
+    for cell, resolved in plan:
+        try:
+            done = check(resolved, progress=not quiet)
+        except ValueError as e:  # DatasetError, ConfigError, SplitError: the same type, named
+            raise type(e)(f"{e} (study {cell.name})") from None
+        if not quiet:
+            console.print(f"{cell.name}: {done.line()}", soft_wrap=True, highlight=False)
 
 
 def _run_studies(

@@ -19,6 +19,7 @@ from mlrc.cli.options import (
     GpusPerTrialOpt,
     MaxConcurrentOpt,
     QuietOpt,
+    SkipChecksOpt,
     StorageOpt,
     ThreadsOpt,
     TrackOpt,
@@ -49,6 +50,7 @@ def campaign_run(
     cpus_per_trial: CpusPerTrialOpt = 1.0,
     gpus_per_trial: GpusPerTrialOpt = 0.0,
     track: TrackOpt = None,
+    skip_checks: SkipChecksOpt = False,
 ) -> None:
     """Run (or resume) every study of the campaign: search, then test stage, one after another.
     Exit 1 if a study failed (the others still run). Ctrl-C / SIGTERM: the running trial or
@@ -71,7 +73,15 @@ def campaign_run(
     }
     with interrupts(), user_errors():
         failures = run_campaign(
-            campaign_file, storage, artifacts, device, quiet, backend, ray_options, track
+            campaign_file,
+            storage,
+            artifacts,
+            device,
+            quiet,
+            backend,
+            ray_options,
+            track,
+            checks=not skip_checks,
         )
     if failures:
         raise typer.Exit(1)

@@ -43,6 +43,7 @@ def demo(
     """A complete small study on the embedded default: search, test stage, table with CIs."""
     import time
 
+    from mlrc.cli.study import preflight
     from mlrc.search import open_study, run_search, run_test
     from mlrc.store import redact
 
@@ -59,6 +60,7 @@ def demo(
             f"× {resolved.preset.folds} folds",
             soft_wrap=True,
         )
+        preflight(resolved, quiet)  # as every study's, before it is registered
         with open_study(resolved, storage, artifacts, device, progress=not quiet) as ctx:
             console.print(ctx.split.summary(), highlight=False)
             run_search(ctx)

@@ -19,6 +19,7 @@ __all__ = [
     "KeepOpt",
     "QuietOpt",
     "ReproductionsOpt",
+    "SkipChecksOpt",
     "StorageOpt",
     "ThreadsOpt",
     "TrackOpt",
@@ -36,6 +37,14 @@ StorageOpt = Annotated[
 ArtifactsOpt = Annotated[Path, typer.Option("--artifacts", help="checkpoint directory")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress bars")]
+SkipChecksOpt = Annotated[
+    bool,
+    typer.Option(
+        "--skip-checks",
+        help="no pre-flight: every image decoded (remembered for reruns), class sizes of the "
+        "test half and folds, the trunk's weights, checked before the study is registered",
+    ),
+]
 TrialsOpt = Annotated[
     int | None,
     typer.Option(

@@ -14,13 +14,14 @@ from mlrc.cli.options import (
     DEFAULT_STORAGE,
     KeepOpt,
     QuietOpt,
+    SkipChecksOpt,
     ThreadsOpt,
     TrackOpt,
     TrialsOpt,
     check_track,
     fair_share,
 )
-from mlrc.cli.study import open_study_file
+from mlrc.cli.study import open_study_file, preflight
 from mlrc.terminal import (
     check_artifacts,
     check_device,
@@ -61,6 +62,7 @@ def worker(
     trials: TrialsOpt = None,
     keep: KeepOpt = None,
     track: TrackOpt = None,
+    skip_checks: SkipChecksOpt = False,
 ) -> None:
     """One worker of a pool: run trials of the study until its budget of finished trials is
     reached by the whole pool, then exit 0. Start any number, on any machines, against one
@@ -77,9 +79,14 @@ def worker(
     check_artifacts(artifacts)
     check_track(track)
     if per_gpu > 1:
+        if not skip_checks:  # the pre-flight once here, not in every worker
+            from mlrc.config import load_study
+
+            with user_errors():
+                preflight(load_study(study_file), quiet)
         if track is not None:  # by environment, like the storage URL: it may hold a secret
             os.environ["MLRC_TRACK"] = track
-        args = [str(study_file), "--artifacts", str(artifacts), "--device", device]
+        args = [str(study_file), "--artifacts", str(artifacts), "--device", device, "--skip-checks"]
         args += ["--heartbeat", str(heartbeat)] + (["--grace", str(grace)] if grace else [])
         args += ["--threads", str(threads)] if threads else []  # else each takes its share
         args += (["--trials", str(trials)] if trials else []) + (["--keep", keep] if keep else [])
@@ -101,6 +108,7 @@ def worker(
             keep=keep,
             track=track,
             threads=threads,
+            checks=not skip_checks,
         ) as ctx,
     ):
         from mlrc.store import redact

@@ -139,7 +139,7 @@ def cache_key(ds: ImageDataset, resize: int) -> str:
     header = f"mlrc-decoded/{FORMAT_VERSION}/{ds.name}/{resize}/{len(ds)}/"
     h.update(f"{header}Pillow {PIL.__version__}/torchvision {torchvision.__version__}".encode())
     for i, source in enumerate(ds.sources):
-        h.update(_identity(source, ds.origins[i]))
+        h.update(image_identity(source, ds.origins[i]))
     return h.hexdigest()
 
 
@@ -149,7 +149,9 @@ def cache_paths(cache_dir: Path, name: str, resize: int, key: str) -> tuple[Path
     return cache_dir / f"{stem}.u8", cache_dir / f"{stem}.index.npy"
 
 
-def _identity(source: Source, origin: str) -> bytes:
+def image_identity(source: Source, origin: str) -> bytes:
+    """What names one image in a cache key (see the module docstring): a file by its absolute
+    path, size and mtime; encoded bytes or an array by a hash of their content."""
     if isinstance(source, str | os.PathLike):
         path = os.path.abspath(source)
         try:

@@ -201,6 +201,8 @@ def _read_state_dict(path: Path) -> dict[str, Tensor]:
     ``model`` / ``state_dict_ema`` wrappers unwrapped); ValueError naming the file."""
     if not path.is_file():
         raise ValueError(f"weights file {path} does not exist")
+    if path.stat().st_size == 0:
+        raise ValueError(f"weights file {path} is empty (0 bytes)")
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file  # noqa: PLC0415

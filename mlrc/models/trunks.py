@@ -50,6 +50,7 @@ __all__ = [
     "SmallCNN",
     "Trunk",
     "TrunkRegistry",
+    "check_weights",
     "freeze_batchnorm",
     "load_weights",
     "weights_cache_dir",
@@ -199,9 +200,10 @@ def load_weights(
 
     ``pretrained``: ``False`` does nothing; a path loads that local state-dict file with
     ``torch.load(path, map_location="cpu", weights_only=True)``; ``True`` downloads ``url`` into
-    :func:`weights_cache_dir` (once) with torch.hub, which checks that the file's sha-256 starts
-    with the hash in its name; ``hash_prefix`` must be that hash (a guard against a URL whose name
-    carries no or another hash, which torch.hub would not check).
+    :func:`weights_cache_dir` (once, as ``torch.hub.load_state_dict_from_url`` would, without
+    its "Downloading" line) with torch.hub's downloader, which checks that the file's sha-256
+    starts with the hash in its name; ``hash_prefix`` must be that hash (a guard against a URL
+    whose name carries no or another hash, which torch.hub would not check).
 
     Raises ``ValueError`` with a one-line message naming the file for a missing or unreadable
     file, a file that is not a state dict, a failed download, or keys/shapes that don't match.
@@ -220,9 +222,10 @@ def load_weights(
         source = f"{url} (cache {cache})"
         try:
             cache.mkdir(parents=True, exist_ok=True)
-            obj = torch.hub.load_state_dict_from_url(
-                url, model_dir=str(cache), check_hash=True, map_location="cpu", weights_only=True
-            )
+            path = cache / name
+            if not path.is_file():  # torch.hub's cache layout; no "Downloading" line on stderr
+                torch.hub.download_url_to_file(url, str(path), found.group(1), progress=False)
+            obj = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # network, hash mismatch, unreadable download
             raise ValueError(
                 f"could not get weights {source}: {type(exc).__name__}: {first_line(exc, '(no message)')} "
@@ -233,6 +236,8 @@ def load_weights(
         source = str(path)
         if not path.is_file():
             raise ValueError(f"weights file {source} does not exist")
+        if path.stat().st_size == 0:
+            raise ValueError(f"weights file {source} is empty (0 bytes)")
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # corrupt, truncated, not a torch file, unsafe pickle
@@ -251,6 +256,37 @@ def load_weights(
         raise ValueError(
             f"weights {source} failed to load: {first_line(exc, '(no message)')}"
         ) from exc
+
+
+def check_weights(name: str, pretrained: Any) -> None:
+    """Resolve the weights trunk ``name`` loads for ``pretrained`` without building the trunk:
+    its own factory runs on the meta device (parameters without memory or initialisation), so
+    the file is found (for ``True``: downloaded into the cache first when absent, as a fold
+    would), read, and its names and shapes matched against the trunk by the very code a fold
+    runs; a missing or empty file, a failed download, a file that is no state dict or does not
+    fit, or weights for a trunk that takes none is the same one-line ``ValueError``. A trunk
+    that cannot be built on the meta device is built on the CPU instead; so is one whose meta
+    check finds a mismatch (a timm checkpoint converter may need real tensors): the real load
+    decides. ``pretrained`` false: nothing to resolve."""
+    import warnings
+
+    if pretrained is False or pretrained is None:
+        return
+    factory = TRUNKS.get(name)
+    try:
+        with torch.device("meta"):
+            factory(pretrained=False)
+    except Exception:  # noqa: BLE001 - no meta build for this trunk: the real one decides
+        factory(pretrained=pretrained)
+        return
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # loading into meta parameters is a no-op (warned)
+            factory(pretrained=pretrained)
+    except ValueError as e:
+        if " do not fit " not in str(e):
+            raise
+        factory(pretrained=pretrained)
 
 
 # --------------------------------------------------------------------------------------------
