@@ -235,6 +235,28 @@ def test_weights_that_do_not_fit_the_trunk_are_refused(tmp_path):
     assert message.startswith(f"{path}: pretrained: weights {wrong} do not fit BNInception: ")
 
 
+def test_weights_that_fit_pass_and_nothing_is_built(tmp_path, monkeypatch):
+    """A BN-Inception state dict passes; the trunk checked is built on the meta device only
+    (a trunk built on the CPU would have real parameters)."""
+    import torch
+
+    from mlrc.models import trunks
+    from mlrc.models.trunks import BNInception, check_weights
+
+    good = tmp_path / "bninception.pth"
+    torch.save(BNInception().state_dict(), good)
+    built = []
+    real = trunks.load_weights
+
+    def spy(module, *args, **kwargs):
+        built.append(next(module.parameters()).device.type)
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setattr(trunks, "load_weights", spy)
+    check_weights("bninception", str(good))
+    assert built == ["meta", "meta"]  # the trunk without weights, then with the file's
+
+
 def test_pretrained_true_without_network_or_cached_weights_is_refused(tmp_path, monkeypatch):
     for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         monkeypatch.setenv(var, "http://127.0.0.1:9")  # the discard port: connection refused
