@@ -7,6 +7,7 @@ It sits below both front ends (the campaign must not import the CLI) and above w
 
 from __future__ import annotations
 
+import contextlib
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -89,6 +90,57 @@ def check_artifacts(path: Path) -> None:
         fail(f"--artifacts {text}: cannot create this folder ({ancestor} is a file, not a folder)")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         fail(f"--artifacts {text}: cannot create this folder ({ancestor} is not writable)")
+
+
+def check_out(path: Path, *, overwrite: bool = True, inputs: tuple[str | Path, ...] = ()) -> None:
+    """Refuse (one line, exit 2) an ``--out`` file that cannot be written, before any work: one
+    of ``inputs`` (the file a command reads: never overwritten), a folder, an existing file
+    unless ``overwrite`` (``--force``), a missing folder that cannot be created. Missing folders
+    are created by :func:`write_out`, not here."""
+    text = str(path)
+    if "\x00" in text or not text:
+        fail(f"--out {text!r}: not a usable file name")
+    full = os.path.abspath(os.path.expanduser(text))
+    for source in inputs:
+        if os.path.isfile(full) and os.path.isfile(source) and os.path.samefile(full, source):
+            fail(f"--out {text}: that is the input file {source}; write to another file")
+    if os.path.isdir(full):
+        fail(f"--out {text}: is a folder; name a file in it")
+    if os.path.lexists(full) and not overwrite:
+        fail(f"--out {text}: the file exists; pass --force to overwrite it")
+    ancestor = os.path.dirname(full)
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        fail(f"--out {text}: cannot create its folder ({ancestor} is a file, not a folder)")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        fail(f"--out {text}: cannot write there ({ancestor} is not writable)")
+
+
+def write_out(path: Path, write) -> None:
+    """Write ``--out`` through ``write(tmp)`` (a temporary file beside it, same suffix), then
+    rename it over ``path``: a failure leaves no partial file. Missing folders are created
+    (and removed again, if still empty, when the write fails); an OS error is one line."""
+    full = Path(os.path.expanduser(str(path)))
+    created = []
+    folder = full.parent
+    while not folder.exists():
+        created.append(folder)
+        folder = folder.parent
+    tmp = full.with_name(f".{full.stem}.tmp-{os.getpid()}{full.suffix}")
+    try:
+        full.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+        os.replace(tmp, full)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        for d in created:  # deepest first
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if isinstance(e, OSError):
+            fail(f"--out {path}: {e.strerror or e}")
+        raise
 
 
 @contextmanager
@@ -216,15 +268,19 @@ def print_report(
     out: Path | None = None,
     campaigns: list[str] | None = None,
     standalone: bool = False,
+    archived: bool = False,
 ) -> None:
+    """The report of ``studies`` and ``campaigns`` (``archived``: with archived studies) on
+    stdout, or written to ``out`` (its folder created)."""
     from mlrc.report.tables import ReportError, collect, render, summarize
 
     try:
-        text = render(summarize(collect(engine, studies, campaigns)), fmt, standalone=standalone)
+        values = collect(engine, studies, campaigns, archived=archived)
+        text = render(summarize(values), fmt, standalone=standalone)
     except ReportError as e:
         fail(str(e))
     if out is not None:
-        out.write_text(text, encoding="utf-8")
-        console.print(f"wrote {out}")
+        write_out(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        console.print(f"wrote {out}", soft_wrap=True, highlight=False)
     else:
         print(text, end="" if text.endswith("\n") else "\n")

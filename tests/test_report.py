@@ -231,6 +231,8 @@ def test_csv_is_tidy_with_strategy_p_value_and_not_worse(url):
         "test_set_selection",
         "failed_trials",
         "failures",
+        "archived",
+        "untrained_test",
     ]
     assert not table["test_set_selection"].any()  # no traditional study in this store
     assert len(table) == len(STUDIES) * 6  # every study in the store, one line per cell

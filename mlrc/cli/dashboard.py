@@ -12,9 +12,18 @@ from typing import Annotated
 import typer
 
 from mlrc.cli.options import DEFAULT_STORAGE, StorageOpt
-from mlrc.terminal import fail
+from mlrc.terminal import check_out, fail, write_out
 
 __all__ = ["build_command", "dashboard_app", "serve_command"]
+
+ArchivedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--archived",
+        help="also the studies archived by --force-new (NAME.old-K) whose current study has "
+        "test results (always marked archived)",
+    ),
+]
 
 dashboard_app = typer.Typer(
     no_args_is_help=True,
@@ -37,9 +46,9 @@ def _user_errors() -> Iterator[None]:
 
 @dashboard_app.command("build")
 def build_command(
-    out: Annotated[Path, typer.Option("--out", help="HTML file to write")] = Path(
-        "mlrc-dashboard.html"
-    ),
+    out: Annotated[
+        Path, typer.Option("--out", help="HTML file to write (its folder is created)")
+    ] = Path("mlrc-dashboard.html"),
     storage: StorageOpt = DEFAULT_STORAGE,
     study: Annotated[
         list[str] | None, typer.Option("--study", help="study name (repeat); default: all")
@@ -48,13 +57,15 @@ def build_command(
         list[str] | None,
         typer.Option("--campaign", help="campaign name (repeat): its studies in campaign order"),
     ] = None,
+    archived: ArchivedOpt = False,
 ) -> None:
     """Write one self-contained HTML page (works offline) with every view of the store."""
     from mlrc.report.dashboard import build
 
+    check_out(out)
     with _user_errors():
-        path = build(storage, out, study, campaign)
-    typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+        write_out(out, lambda tmp: build(storage, tmp, study, campaign, archived))
+    typer.echo(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
 
 
 @dashboard_app.command("serve")
@@ -67,13 +78,14 @@ def serve_command(
     refresh: Annotated[
         int, typer.Option(help="reload the page every S seconds (0: never)", min=0)
     ] = 30,
+    archived: ArchivedOpt = False,
 ) -> None:
     """Serve the dashboard live: every request re-reads the store; the page reloads itself."""
     from mlrc.report.server import make_server
     from mlrc.store import redact
 
     with _user_errors():
-        server = make_server(storage, host, port, refresh)
+        server = make_server(storage, host, port, refresh, archived)
     shown = f"[{host}]" if ":" in host else host
     typer.echo(
         f"serving http://{shown}:{server.server_address[1]}/ (store {redact(storage)}, "

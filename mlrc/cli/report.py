@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mlrc.cli.options import DEFAULT_STORAGE, StorageOpt
-from mlrc.terminal import fail, print_report, user_errors
+from mlrc.terminal import check_out, fail, print_report, user_errors
 
 __all__ = ["report"]
 
@@ -21,9 +21,19 @@ def report(
     ] = None,
     study: Annotated[list[str] | None, typer.Option("--study", help="study name (repeat)")] = None,
     fmt: Annotated[str, typer.Option("--format", help="md, csv, latex, html or json")] = "md",
-    out: Annotated[Path | None, typer.Option("--out", help="write to this file")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="write to this file (its folder is created)")
+    ] = None,
     standalone: Annotated[
         bool, typer.Option("--standalone", help="LaTeX: a complete document for pdflatex")
+    ] = False,
+    archived: Annotated[
+        bool,
+        typer.Option(
+            "--archived",
+            help="also the studies archived by --force-new (NAME.old-K) whose current study has "
+            "test results (always marked archived)",
+        ),
     ] = False,
 ) -> None:
     """Test results with 95% CIs: separated (128-D) and concatenated (512-D), in percent.
@@ -33,7 +43,9 @@ def report(
 
     †: not significantly worse than the column's best (Welch's t-test, p ≥ 0.05).
 
-    With neither --campaign nor --study: every study in the store, by name."""
+    With neither --campaign nor --study: every study in the store, by name. A study archived by
+    `study run --force-new` (NAME.old-K) is marked archived, and left out once the current
+    study NAME has test results unless --archived (or --study names it)."""
     from mlrc import store
     from mlrc.report.tables import FORMATS
 
@@ -41,5 +53,8 @@ def report(
         fail(f"unknown format {fmt!r} ({', '.join(FORMATS)})")
     if standalone and fmt not in ("latex", "html"):
         fail("--standalone applies to --format latex (html is always a complete page)")
+    if out is not None:
+        check_out(out)
     with user_errors():
-        print_report(store.connect(storage, read_only=True), study, fmt, out, campaign, standalone)
+        engine = store.connect(storage, read_only=True)
+        print_report(engine, study, fmt, out, campaign, standalone, archived)

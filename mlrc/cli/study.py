@@ -32,11 +32,13 @@ from mlrc.cli.options import (
 from mlrc.terminal import (
     check_artifacts,
     check_device,
+    check_out,
     console,
     fail,
     print_report,
     print_status_by_name,
     user_errors,
+    write_out,
 )
 
 if TYPE_CHECKING:
@@ -50,6 +52,10 @@ __all__ = [
     "study_run",
     "study_status",
     "study_test",
+]
+
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="overwrite --out if it exists (never the study file given)")
 ]
 
 study_app = typer.Typer(no_args_is_help=True, help="Studies: run the search, test, status.")
@@ -258,7 +264,9 @@ def study_status(
 @study_app.command("export-model")
 def study_export_model(
     study: Annotated[str, typer.Argument(help="study YAML or study name")],
-    out: Annotated[Path, typer.Option("--out", help="file to write (.pt or .pt2)")],
+    out: Annotated[
+        Path, typer.Option("--out", help="file to write (.pt or .pt2; its folder is created)")
+    ],
     storage: StorageOpt = DEFAULT_STORAGE,
     artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
     dim: Annotated[
@@ -279,6 +287,7 @@ def study_export_model(
             "(.pt2, torch.export: torch alone loads it)",
         ),
     ] = "state-dict",
+    force: ForceOpt = False,
 ) -> None:
     """Write the best test reproduction's model (L2-normalised 512-D or 128-D embeddings) for
     use outside mlrc; needs the checkpoints kept (artifacts.keep: best)."""
@@ -290,12 +299,17 @@ def study_export_model(
         fail(f"--dim: expected 128 or 512 (got {dim!r})")
     if fmt not in ("state-dict", "export"):
         fail(f"--format: expected state-dict or export (got {fmt!r})")
-    if not out.parent.is_dir():
-        fail(f"--out {out}: no such directory {out.parent}")
+    check_out(out, overwrite=force, inputs=(study,))
     with user_errors():
         name = load_study(study).study.name if study.endswith((".yaml", ".yml")) else study
         engine = store.connect(storage, read_only=True)
-        meta = export_study_model(engine, name, artifacts, out, dim, reproduction, fmt)
+        meta = {}
+        write_out(
+            out,
+            lambda tmp: meta.update(
+                export_study_model(engine, name, artifacts, tmp, dim, reproduction, fmt)
+            ),
+        )
     fold = f", fold {meta['fold']}" if meta["fold"] is not None else ""
     console.print(
         f"wrote {out}: study {name}, reproduction {meta['reproduction']}{fold}, {dim}-D, "
@@ -308,14 +322,16 @@ def study_export_model(
 @study_app.command("export")
 def study_export(
     study: Annotated[str, typer.Argument(help="study YAML or study name")],
-    out: Annotated[Path, typer.Option("--out", help="study YAML to write")],
+    out: Annotated[Path, typer.Option("--out", help="study YAML to write (its folder is created)")],
     storage: StorageOpt = DEFAULT_STORAGE,
     name: Annotated[
         str | None, typer.Option("--name", help="the exported study's name (NAME-exported)")
     ] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Write a study file with the best parameters fixed and the full resolved preset: `mlrc
-    study test OUT` re-runs its test stage (same seeds, same numbers) anywhere."""
+    study test OUT` re-runs its test stage (same seeds, same numbers) anywhere. OUT is never
+    the study file given, and an existing OUT is only overwritten with --force."""
     import datetime as dt
 
     import yaml
@@ -325,6 +341,7 @@ def study_export(
     from mlrc.search.context import code_version
     from mlrc.search.export import export_study_file
 
+    check_out(out, overwrite=force, inputs=(study,))
     with user_errors():
         source = load_study(study).study.name if study.endswith((".yaml", ".yml")) else study
         engine = store.connect(storage, read_only=True)
@@ -334,8 +351,6 @@ def study_export(
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC: its best parameters, fixed, and its\n"
         "# whole resolved preset; `mlrc study test` on this file re-runs the test stage.\n"
     )
-    try:
-        out.write_text(head + yaml.safe_dump(doc, sort_keys=False))
-    except OSError as e:
-        fail(f"--out {out}: {e.strerror}")
+    text = head + yaml.safe_dump(doc, sort_keys=False)
+    write_out(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     console.print(f"wrote {out} (study {doc['name']})", soft_wrap=True, highlight=False)

@@ -65,18 +65,24 @@ class Dashboard:
         plotly_js: str = "inline",
         refresh: int | None = None,
         links: bool = False,
+        archived: bool = False,
     ) -> str:
         """The page of the selected studies and campaigns (all studies: neither), read now;
-        ``plotly_js``, ``refresh`` and ``links`` as :func:`mlrc.report.html.render`."""
-        snap = read(self.engine, studies, campaigns)
+        ``plotly_js``, ``refresh`` and ``links`` as :func:`mlrc.report.html.render`;
+        ``archived``: with the archived studies the report leaves out by default."""
+        snap = read(self.engine, studies, campaigns, archived)
         return render(snap, self.optuna, plotly_js, refresh, links)
 
 
 def build(
-    url: str, out: Path, studies: list[str] | None = None, campaigns: list[str] | None = None
+    url: str,
+    out: Path,
+    studies: list[str] | None = None,
+    campaigns: list[str] | None = None,
+    archived: bool = False,
 ) -> Path:
     """Write the self-contained page (plotly.js inlined once) to ``out``."""
-    text = Dashboard(url).page(studies, campaigns)
+    text = Dashboard(url).page(studies, campaigns, archived=archived)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from mlrc import store
 from mlrc.errors import first_line
 from mlrc.report.snapshot import FoldCurve, Retrieval, StudyData, TrialRow
-from mlrc.report.tables import SECTION, row_label, with_defaults
+from mlrc.report.tables import ARCHIVED, SECTION, row_label, with_defaults
 from mlrc.store.snapshot import has_optuna_tables
 
 if TYPE_CHECKING:
@@ -414,11 +414,18 @@ def _add_test_block(fig: go.Figure, block: pd.DataFrame, col: int, where: dict[s
 
 def _study_labels(d: pd.DataFrame, studies: list[str]) -> list[str]:
     """Each study's row label (loss and strategy); as in the report's tables, a label shared by
-    two studies gets their names, and a traditional study's (epoch chosen on the test set) a §."""
+    two studies gets their names, an archived study's its name and "archived", and a traditional
+    study's (epoch chosen on the test set) a §."""
     labels = [row_label(*d[d["study"] == st][["loss", "strategy"]].iloc[0]) for st in studies]
     marked = set(d.loc[d["test_set_selection"], "study"])
+    archived = set(d.loc[d["archived"], "study"])
+    current = [lab for lab, st in zip(labels, studies, strict=True) if st not in archived]
     return [
-        label(lab if labels.count(lab) == 1 else f"{lab} ({st})")
+        label(
+            f"{lab} ({st}, {ARCHIVED})"
+            if st in archived
+            else (lab if current.count(lab) == 1 else f"{lab} ({st})")
+        )
         + (f" {SECTION}" if st in marked else "")
         for lab, st in zip(labels, studies, strict=True)
     ]

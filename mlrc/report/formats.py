@@ -73,6 +73,7 @@ def json_report(summary: pd.DataFrame) -> str:
                     "study": r.study,
                     "n": r.n,
                     "baseline": r.baseline,
+                    "archived": r.archived,
                     "underline": r.underline,
                     "cells": {
                         f"{mode}/{metric}": None

@@ -178,7 +178,7 @@ def _study_section(study: StudyData, index: int, optuna_figs: OptunaFigures) -> 
         )
     return template("study.html").substitute(
         sid=sid,
-        name=esc(study.name),
+        name=esc(study.name) + (f" ({tables.ARCHIVED})" if study.archived else ""),
         facts=" · ".join(f for f in _facts(study) if f),
         best=_best_line(study),
         views=views,
@@ -316,7 +316,7 @@ def _retrieval_view(study: StudyData, sid: str) -> str:
         )
         chart = _figure_html(fig, f"{sid}-retrieval-map", "retrieval-map", study.name, caption)
     return template("retrieval.html").substitute(
-        name=esc(study.name),
+        name=esc(study.name) + (f" ({tables.ARCHIVED})" if study.archived else ""),
         reproduction=view.reproduction,
         map_at_r=_fmt(view.map_at_r) + (f" {tables.SECTION}" if study.test_set_selection else ""),
         queries=_retrieval_grid(view),

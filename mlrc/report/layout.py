@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from mlrc.report.legend import (
+    ARCHIVED,
+    ARCHIVED_NOTE,
     BASELINE_NOTE_END,
     BASELINE_NOTES,
     DDAGGER,
@@ -21,6 +23,7 @@ from mlrc.report.legend import (
     SECTION,
     TRADITIONAL_NOTE,
     TRADITIONAL_TITLE,
+    UNTRAINED_NOTE,
 )
 from mlrc.report.summary import with_defaults
 from mlrc.report.values import MODES, TRADITIONAL_MODE, UNMARKED_METRICS, traditional_metrics
@@ -74,10 +77,11 @@ class Cell:
     def __init__(self, r: pd.Series, compared: bool) -> None:
         self.mean, self.half_width = float(r["mean"]), float(r["half_width"])
         self.bold = compared and bool(r["best"])
-        # the column's reference row: best, and not tested against itself
-        ref = bool(r["best"]) and math.isnan(r["p_value"])
+        # the column's best (every row tied for it) is never marked: it is what † compares with
         not_worse = r["not_worse"]
-        self.dagger = compared and not ref and not pd.isna(not_worse) and bool(not_worse)
+        self.dagger = (
+            compared and not bool(r["best"]) and not pd.isna(not_worse) and bool(not_worse)
+        )
 
     def text(self, pm: str) -> str:
         """``mean pm half-width`` with two decimals (the mean alone without an interval)."""
@@ -97,9 +101,10 @@ class Row:
         cells: list[Cell | None],
         baseline: bool = False,
         study: str = "",
+        archived: bool = False,
     ) -> None:
         self.label, self.n, self.underline, self.cells = label, n, underline, cells
-        self.baseline, self.study = baseline, study
+        self.baseline, self.study, self.archived = baseline, study, archived
 
 
 @dataclass
@@ -117,6 +122,7 @@ class Block:
     columns: list[tuple[str, str]] = field(default_factory=lambda: list(COLUMNS))  # the cells'
     traditional: bool = False  # its epoch chosen on the test set: rows marked §, own columns
     threads: list[tuple[str, str]] = field(default_factory=list)  # (row label, "1, 2")
+    untrained: list[str] = field(default_factory=list)  # row labels: every test fold at epoch 0
 
     @property
     def name(self) -> str:
@@ -140,6 +146,7 @@ class _BlockNotes:
     budgets: dict[int, list[str]]
     history: list[tuple[str, str]] = field(default_factory=list)
     threads: list[tuple[str, str]] = field(default_factory=list)  # (row label, "1, 2")
+    untrained: list[str] = field(default_factory=list)
 
 
 def _study_row(
@@ -157,17 +164,21 @@ def _study_row(
         acc.history.append((label, first["budget_history"]))
     if first["fold_threads"]:
         acc.threads.append((label, first["fold_threads"]))
+    if first["untrained_test"]:
+        acc.untrained.append(label)
     if first["pruner"] != "none":
         label = f"{label} {DDAGGER}"
     if first["test_set_selection"]:
         label = f"{label} {SECTION}"
     lo, hi = int(g["n"].min()), int(g["n"].max())
+    archived = bool(first["archived"])  # shown for reference: never marked
     return Row(
         label,
         str(hi) if lo == hi else f"{lo}–{hi}",
-        underline and bool(g["best_row"].any()),
-        [Cell(by[c], compared[c]) if c in by else None for c in compared],
+        underline and not archived and bool(g["best_row"].any()),
+        [Cell(by[c], compared[c] and not archived) if c in by else None for c in compared],
         study=study,
+        archived=archived,
     )
 
 
@@ -183,13 +194,15 @@ def _block(dataset: str, protocol: str, d: pd.DataFrame) -> Block:
     studies = d[~d["baseline"]]
     traditional = bool(studies["test_set_selection"].any())
     columns = block_columns(dataset, traditional)
+    current = studies[~studies["archived"]]  # archived rows are shown, never compared
     # a column's marks need at least two rows with a value in it; the epoch is never marked
     compared = {
         c: c[1] not in UNMARKED_METRICS
-        and ((studies["mode"] == c[0]) & (studies["metric"] == c[1])).sum() >= 2
+        and ((current["mode"] == c[0]) & (current["metric"] == c[1])).sum() >= 2
         for c in columns
     }
-    n_rows = studies["study"].nunique()
+    n_rows = current["study"].nunique()
+    archived = set(studies.loc[studies["archived"], "study"])
     labels = {
         st: row_label(g["loss"].iloc[0], g["strategy"].iloc[0])
         for st, g in studies.groupby("study", sort=False)
@@ -200,7 +213,9 @@ def _block(dataset: str, protocol: str, d: pd.DataFrame) -> Block:
             rows.append(_baseline_row(study, g, columns))
             continue
         label = labels[study]
-        if list(labels.values()).count(label) > 1:
+        if study in archived:
+            label = f"{label} ({study}, {ARCHIVED})"
+        elif [labels[s] for s in labels if s not in archived].count(label) > 1:
             label = f"{label} ({study})"
         rows.append(_study_row(study, g, label, n_rows >= 2, compared, acc))
     budget_text = ""
@@ -222,6 +237,7 @@ def _block(dataset: str, protocol: str, d: pd.DataFrame) -> Block:
         columns,
         traditional,
         threads=acc.threads,
+        untrained=acc.untrained,
     )
 
 
@@ -275,6 +291,11 @@ def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
     for b in blocks:
         for label, zeros, done in b.nonfinite:
             out.append(f"{label} ({b.name}): {zeros} of {done} complete trials {NONFINITE_NOTE}.")
+    for b in blocks:
+        for label in b.untrained:
+            out.append(f"{label} ({b.name}): {UNTRAINED_NOTE}.")
+    if any(r.archived for b in blocks for r in b.rows):
+        out.append(ARCHIVED_NOTE)
     failures = dict(zip(summary["study"], summary["failures"], strict=True))
     for b in blocks:
         for r in b.rows:  # failed trials and test folds, with the reason each failed with

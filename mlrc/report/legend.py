@@ -5,6 +5,8 @@ notes a table needs; the renderers print them after the table."""
 from __future__ import annotations
 
 __all__ = [
+    "ARCHIVED",
+    "ARCHIVED_NOTE",
     "BASELINE_NOTES",
     "BASELINE_NOTE_END",
     "DAGGER",
@@ -17,6 +19,7 @@ __all__ = [
     "SECTION",
     "TRADITIONAL_NOTE",
     "TRADITIONAL_TITLE",
+    "UNTRAINED_NOTE",
 ]
 
 DAGGER = "†"
@@ -29,7 +32,10 @@ LEGEND = [
     "Bold: best mean in its column within its block. "
     "Underlined: the block's best row (highest concatenated MAP@R).",
     f"{DAGGER} not significantly worse than the column's best at p ≥ 0.05 (Welch's t-test over "
-    "reproductions); the best row itself is not marked.",
+    "reproductions); the best itself is not marked.",
+    "Exact ties: every row tied for a column's best mean is bold and unmarked (every row tied "
+    f"for the highest MAP@R underlined); another row gets {DAGGER} when no test against them "
+    "gives p < 0.05.",
 ]
 # The marks when every block is traditional: one model per reproduction, no separated or
 # concatenated modes to explain.
@@ -39,6 +45,7 @@ LEGEND_ONE_MODEL = [
     "Bold: best mean in its column within its block. "
     "Underlined: the block's best row (highest MAP@R).",
     LEGEND[2],
+    LEGEND[3],
 ]
 PRUNED_NOTE = (
     f"{DDAGGER} searched with opt-in median pruning (search.pruner): trials below the median "
@@ -67,4 +74,15 @@ TRADITIONAL_NOTE = (
     "not comparable with the reality-check rows. Its block shows that one model (512-D in the "
     "preset): Recall@K and MAP@R in %, and the chosen epoch (mean ± 95% half-width in epochs, "
     "never marked)."
+)
+ARCHIVED = "archived"  # after the study name of a row archived by study run --force-new
+ARCHIVED_NOTE = (
+    "archived: a study that `mlrc study run --force-new` replaced (renamed NAME.old-K) when its "
+    "configuration changed; shown for reference, not part of the marks or tests. A report leaves "
+    "it out once the current study NAME has test results (--archived shows it)."
+)
+UNTRAINED_NOTE = (
+    "every test fold kept epoch 0, the untrained model (validation never improved on it): "
+    "these are untrained numbers — the budget (preset.max_epochs, iterations_per_epoch) is too "
+    "short to train"
 )

@@ -28,7 +28,7 @@ class ServeError(RuntimeError):
 
 
 def make_server(
-    url: str, host: str = "127.0.0.1", port: int = 8050, refresh: int = 30
+    url: str, host: str = "127.0.0.1", port: int = 8050, refresh: int = 30, archived: bool = False
 ) -> ThreadingHTTPServer:
     """A threading HTTP server: ``/`` (optionally ``?campaign=C&study=A``, repeatable) renders
     from the store at each request; ``/plotly.min.js`` serves plotly.js (cached by the browser)."""
@@ -42,6 +42,7 @@ def make_server(
         handler.dash = dash
         handler.plotly_bytes = get_plotlyjs().encode()
         handler.refresh = refresh
+        handler.archived = archived
         handler.render_lock = threading.Lock()
     except BaseException:
         server.server_close()
@@ -56,6 +57,7 @@ class _Handler(BaseHTTPRequestHandler):
     dash: Dashboard
     plotly_bytes: bytes
     refresh: int
+    archived: bool = False  # with the archived studies the report leaves out by default
     render_lock: threading.Lock
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
@@ -75,6 +77,7 @@ class _Handler(BaseHTTPRequestHandler):
                     plotly_js=PLOTLY_JS_PATH,
                     refresh=self.refresh or None,
                     links=True,
+                    archived=self.archived,
                 )
             self._send(200, text.encode(), "text/html")
         except ReportError as e:  # unknown study or campaign in the query

@@ -23,6 +23,7 @@ from mlrc import data, store
 from mlrc.config.presets import objective_label
 from mlrc.errors import first_line
 from mlrc.report.tables import collect, is_nonfinite, is_traditional, select_studies, summarize
+from mlrc.store import reads
 from mlrc.store.snapshot import StoredStudies, read_studies
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ class StudyData:
     test_set_selection: bool = False  # traditional protocol: its epoch chosen on the test set
     value_label: str = "val MAP@R"  # what its search maximises (objective_label)
     curve_label: str = "val MAP@R"  # what its fold curves show, per epoch
+    archived: bool = False  # archived by --force-new (NAME.old-K): replaced by study NAME
 
 
 @dataclass
@@ -133,15 +135,19 @@ def open_store(url: str) -> Engine:
 
 
 def read(
-    engine: Engine, studies: list[str] | None = None, campaigns: list[str] | None = None
+    engine: Engine,
+    studies: list[str] | None = None,
+    campaigns: list[str] | None = None,
+    archived: bool = False,
 ) -> Snapshot:
     """Read the selected studies, in the order of the report's tables
     (:func:`mlrc.report.tables.select_studies`: each campaign's studies by position, then the
-    named studies; with neither, every study). Unknown names raise ``ReportError``."""
-    names = select_studies(engine, studies, campaigns)
+    named studies; with neither, every study; an archived study as there, ``archived`` keeps
+    them all). Unknown names raise ``ReportError``."""
+    names = select_studies(engine, studies, campaigns, archived)
     stored = read_studies(engine, names)
     data = _study_data(stored)
-    summary = summarize(collect(engine, studies, campaigns))
+    summary = summarize(collect(engine, studies, campaigns, archived=archived))
     summary = summary[summary["study"].isin([st.name for st in data]) | summary["baseline"]]
     return Snapshot(
         store.redact(str(engine.url)),
@@ -183,6 +189,7 @@ def _study_data(stored: StoredStudies) -> list[StudyData]:
             is_traditional(st.config),
             objective_label(st.config),
             "test MAP@R §" if is_traditional(st.config) else "val MAP@R",
+            reads.archived_of(st.name) is not None,
         )
         for st in stored.studies
     ]

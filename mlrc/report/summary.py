@@ -43,6 +43,8 @@ TIDY_COLUMNS = [
     "test_set_selection",  # True: the traditional protocol, epoch chosen on the test set
     "failed_trials",  # trials failed with a reason (an error stopped them)
     "failures",  # each failed trial and test fold with its reason, "; "-separated
+    "archived",  # True: archived by study run --force-new (NAME.old-K), never compared
+    "untrained_test",  # True: every test fold kept epoch 0, the untrained model
 ]
 _KEYS = ["study", "dataset", "protocol", "loss", "strategy", "pruner", "mode", "metric"]
 
@@ -73,11 +75,13 @@ def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
         "test_set_selection": False,
         "failed_trials": pd.NA,
         "failures": "",
+        "archived": False,
+        "untrained_test": False,
     }
     for c, v in defaults.items():
         if c not in values.columns:
             values[c] = v
-    for c in ("baseline", "test_set_selection"):
+    for c in ("baseline", "test_set_selection", "archived", "untrained_test"):
         values[c] = values[c].astype(bool)
     return values
 
@@ -85,12 +89,15 @@ def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
 def summarize(values: pd.DataFrame, level: float = 0.95, alpha: float = ALPHA) -> pd.DataFrame:
     """Tidy summary, one line per (study or baseline, mode, metric), in percent, in the order of
     ``values``: mean, CI half-width, n, low, high; ``best`` (highest mean of its dataset ×
-    protocol × mode × metric), ``best_row`` (the study with its block's highest concatenated
+    protocol × mode × metric), ``best_row`` (the studies with their block's highest concatenated
     MAP@R), ``p_value`` (Welch's t-test against the column's best study in the block; NaN for
     that study itself and when n < 2 on either side) and ``not_worse`` (True for the best study
-    and when p ≥ ``alpha``, False when p < ``alpha``, missing when p is NaN). Baseline lines
-    (``baseline`` True) and the chosen epoch (:data:`UNMARKED_METRICS`) take no part: never best,
-    no p-value. The :data:`META_COLUMNS` follow."""
+    and when p ≥ ``alpha``, False when p < ``alpha``, missing when p is NaN). Exact ties: every
+    study with the top mean is best (and every one with the top concatenated MAP@R a best row),
+    none of them has a p-value, and another study's p is the smallest of its tests against each
+    of them. Baseline lines (``baseline`` True), archived studies (``archived``) and the chosen
+    epoch (:data:`UNMARKED_METRICS`) take no part: never best, no p-value. The
+    :data:`META_COLUMNS` follow."""
     summary, samples = _intervals(with_defaults(values), level)
     _mark(summary, samples, alpha)
     return summary
@@ -118,7 +125,7 @@ def _intervals(values: pd.DataFrame, level: float) -> tuple[pd.DataFrame, list[n
     columns = [c for c in TIDY_COLUMNS if c in _KEYS or c in ("mean", "half_width", "n")]
     columns += ["low", "high"] + [c for c in META_COLUMNS if c not in columns]
     summary = pd.DataFrame(out, columns=columns)
-    for c in ("baseline", "test_set_selection"):
+    for c in ("baseline", "test_set_selection", "archived", "untrained_test"):
         summary[c] = summary[c].astype(bool)
     for c in ("trials_budget", "complete_trials", "nonfinite_trials", "failed_trials"):
         summary[c] = summary[c].astype("Int64")
@@ -132,20 +139,30 @@ def _mark(summary: pd.DataFrame, samples: list[np.ndarray], alpha: float) -> Non
     summary["best_row"] = False
     summary["p_value"] = math.nan
     summary["not_worse"] = pd.Series([pd.NA] * len(summary), dtype="boolean")
-    compared = summary[~summary["baseline"] & ~summary["metric"].isin(UNMARKED_METRICS)]
+    compared = summary[
+        ~summary["baseline"] & ~summary["archived"] & ~summary["metric"].isin(UNMARKED_METRICS)
+    ]
     for _, col in compared.groupby(["dataset", "protocol", "mode", "metric"], sort=False):
-        top = col["mean"].max()
-        summary.loc[col.index[col["mean"] == top], "best"] = True
-        ref = col.index[col["mean"] == top][0]  # first in table order among exact ties
-        summary.loc[ref, "not_worse"] = True
-        for i in col.index.drop(ref):
-            p = welch_p(samples[i], samples[ref])
+        # exact ties: every row with the top mean is the column's best, and none is tested
+        tied = col.index[col["mean"] == col["mean"].max()]
+        summary.loc[tied, "best"] = True
+        summary.loc[tied, "not_worse"] = True
+        for i in col.index.drop(tied):
+            p = _against_best(samples[i], [samples[r] for r in tied])
             summary.loc[i, "p_value"] = p
             if not math.isnan(p):
                 summary.loc[i, "not_worse"] = p >= alpha
     for _, d in compared.groupby(["dataset", "protocol"], sort=False):
         best = _best_rows(d)
         summary.loc[d.index[d["study"].isin(best)], "best_row"] = True
+
+
+def _against_best(row: np.ndarray, best: list[np.ndarray]) -> float:
+    """Welch's p of a row against the column's best: against each row tied for it, the
+    smallest p (significantly worse than any of them is significantly worse than the best);
+    NaN when no test can be made."""
+    ps = [p for p in (welch_p(row, b) for b in best) if not math.isnan(p)]
+    return min(ps) if ps else math.nan
 
 
 def _best_rows(d: pd.DataFrame) -> list[str]:

@@ -28,12 +28,23 @@ Marks, within one block (a block with a single study row has nothing to compare 
 
 * **bold** — the best (highest) mean in its column; exact ties are all bold.
 * underline — the block's best row: the highest concatenated (512-D) MAP@R, the reality check's
-  headline number (separated MAP@R when no row has a concatenated result). Only the row label is
-  underlined, so it does not collide with the bold cells.
+  headline number (separated MAP@R when no row has a concatenated result); exact ties are all
+  underlined. Only the row label is underlined, so it does not collide with the bold cells.
 * † — not significantly worse than the column's best row: Welch's two-sided t-test
   (``scipy.stats.ttest_ind(equal_var=False)``) of the row's per-reproduction values against those
-  of the column's best row gives p ≥ 0.05. The best row itself is never marked; with fewer than
+  of the column's best row gives p ≥ 0.05. The best itself is never marked; with fewer than
   two reproductions on either side p is NaN and there is no mark.
+* exact ties — every row whose mean equals the column's best is the best: bold, never †, no
+  p-value; another row is tested against each of them and keeps the smallest p.
+
+Archived studies: a study that ``study run --force-new`` replaced is renamed ``NAME.old-K``. Its
+row is labelled "loss (NAME.old-K, archived)", takes no part in the marks or tests, and the
+legend says what it is; the CSV/JSON ``archived`` column flags it. By default it is left out once
+the current study ``NAME`` has test results (``archived=True`` keeps it, and so does naming it).
+
+Untrained test models: when every test fold of a study kept epoch 0 (the untrained model, as
+with very short budgets), the notes say so for its row; the CSV/JSON ``untrained_test`` column
+flags it.
 
 Trials scored 0: a search trial whose loss or embeddings went non-finite is complete with value 0
 (as in the reference harness), its reason starting with ``store.NONFINITE``. The legend counts
@@ -66,6 +77,8 @@ from mlrc.report.formats import FORMATS, render
 from mlrc.report.latex import latex_escape
 from mlrc.report.layout import BASELINE_KINDS, METRIC_LABELS, MODE_LABELS, row_label
 from mlrc.report.legend import (
+    ARCHIVED,
+    ARCHIVED_NOTE,
     BASELINE_NOTE_END,
     BASELINE_NOTES,
     DAGGER,
@@ -77,6 +90,7 @@ from mlrc.report.legend import (
     SECTION,
     TRADITIONAL_NOTE,
     TRADITIONAL_TITLE,
+    UNTRAINED_NOTE,
 )
 from mlrc.report.protocols import (
     MAX_SHOWN_FIELDS,
@@ -98,6 +112,8 @@ from mlrc.report.values import (
 )
 
 __all__ = [
+    "ARCHIVED",
+    "ARCHIVED_NOTE",
     "ALPHA",
     "BASELINE_KINDS",
     "BASELINE_NOTES",
@@ -119,6 +135,7 @@ __all__ = [
     "TIDY_COLUMNS",
     "TRADITIONAL_NOTE",
     "TRADITIONAL_TITLE",
+    "UNTRAINED_NOTE",
     "VALUE_COLUMNS",
     "ReportError",
     "collect",

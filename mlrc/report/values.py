@@ -55,6 +55,8 @@ META_COLUMNS = [
     "budget_history",  # "search.trials 50 → 70 (2026-11-24)"; … when its budgets changed, or ""
     "fold_threads",  # "1, 2" when its folds ran with several torch thread counts, or ""
     "test_set_selection",  # traditional protocol: the epoch chosen on the test classes (leakage)
+    "archived",  # archived by ``study run --force-new`` (NAME.old-K): shown, never compared
+    "untrained_test",  # every complete test fold kept epoch 0, the untrained model
     "failed_trials",  # trials failed with a reason (an error stopped them; not the scored zeros)
     "failures",  # "trial 0 failed: reason; reproduction 2, fold 0 failed: reason", or ""
 ]
@@ -84,11 +86,30 @@ class ReportError(ValueError):
 
 
 def select_studies(
-    engine: Engine, studies: list[str] | None = None, campaigns: list[str] | None = None
+    engine: Engine,
+    studies: list[str] | None = None,
+    campaigns: list[str] | None = None,
+    archived: bool = False,
 ) -> list[str]:
     """Names of the selected studies in table order: each campaign's studies by position (the
     campaigns in the order given), then the ``studies`` not already in, by name. With neither,
-    every study, by dataset then name. Unknown names raise :class:`ReportError`."""
+    every study, by dataset then name. Unknown names raise :class:`ReportError`.
+
+    An archived study (``NAME.old-K``, :func:`mlrc.store.reads.archived_of`) that the
+    ``studies`` do not name is left out when the current study ``NAME`` has test results,
+    unless ``archived``."""
+    order = _selection(engine, studies, campaigns)
+    if archived:
+        return order
+    named = set(studies or [])
+    current = {n: reads.archived_of(n) for n in order if n not in named}
+    current = {n: c for n, c in current.items() if c is not None}
+    tested = reads.tested_study_names(engine, sorted(set(current.values()))) if current else set()
+    return [n for n in order if current.get(n) not in tested]
+
+
+def _selection(engine: Engine, studies: list[str] | None, campaigns: list[str] | None) -> list[str]:
+    """:func:`select_studies` before archived studies are left out."""
     if not studies and not campaigns:
         return reads.study_names(engine)
     order: list[str] = []
@@ -296,6 +317,8 @@ def _baseline_rows(
                         "budget_history": "",
                         "fold_threads": "",
                         "test_set_selection": False,  # untrained: no epoch chosen
+                        "archived": False,
+                        "untrained_test": False,
                         "failed_trials": None,
                         "failures": "",
                         "_order": (*g.rank, 0, i),
@@ -323,7 +346,7 @@ def _values_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     values = pd.DataFrame(rows, columns=VALUE_COLUMNS)
     for c in ("trials_budget", "complete_trials", "nonfinite_trials", "failed_trials"):
         values[c] = values[c].astype("Int64")
-    for c in ("baseline", "test_set_selection"):
+    for c in ("baseline", "test_set_selection", "archived", "untrained_test"):
         values[c] = values[c].astype(bool)
     return values
 
@@ -352,11 +375,17 @@ def fold_threads(counts: list[int]) -> str:
     return ", ".join(map(str, counts)) if len(counts) > 1 else ""
 
 
+def _untrained(epochs: tuple[int, int] | None) -> bool:
+    """Every complete test fold (at least one) kept epoch 0: the untrained model."""
+    return epochs is not None and epochs[0] > 0 and epochs[1] == epochs[0]
+
+
 def _study_meta(
     groups: list[_Group],
     counts: tuple[dict[int, int], dict[int, int]],
     history: dict[int, list[Any]],
     threads: dict[int, list[int]],
+    test_epochs: dict[int, tuple[int, int]],
 ) -> dict[int, dict[str, Any]]:
     """Per study id, its :data:`META_COLUMNS`."""
     complete, nonfinite = counts
@@ -371,6 +400,8 @@ def _study_meta(
             "budget_history": budget_history(history.get(st.id, [])),
             "fold_threads": fold_threads(threads.get(st.id, [])),
             "test_set_selection": g.traditional,
+            "archived": reads.archived_of(st.name) is not None,
+            "untrained_test": _untrained(test_epochs.get(st.id)),
         }
         for g in groups
         for st in g.studies
@@ -378,7 +409,11 @@ def _study_meta(
 
 
 def collect(
-    engine: Engine, studies: list[str] | None = None, campaigns: list[str] | None = None
+    engine: Engine,
+    studies: list[str] | None = None,
+    campaigns: list[str] | None = None,
+    *,
+    archived: bool = False,
 ) -> pd.DataFrame:
     """One row per (study, reproduction, mode, metric) with the value in percent, in table
     order (see :func:`select_studies`), with the study's protocol (:func:`protocol_key`) and
@@ -386,15 +421,16 @@ def collect(
     baselines of its studies (``baseline`` True, ``study`` = the baseline's label, ``loss`` =
     its kind, reproduction 0). Studies without test results are left out. A traditional study
     (``test_set_selection`` True) has one mode, ``concatenated``, with the lines of
-    :func:`traditional_metrics` (``best_epoch`` in epochs, the others in %)."""
-    names = select_studies(engine, studies, campaigns)
+    :func:`traditional_metrics` (``best_epoch`` in epochs, the others in %). ``archived``:
+    keep the archived studies :func:`select_studies` leaves out by default."""
+    names = select_studies(engine, studies, campaigns, archived)
     rank = {n: i for i, n in enumerate(names)}
     data = reads.table_inputs(engine, names)
     found = {st.id: st for st, _ in data.results}
     groups = _protocol_groups(sorted(found.values(), key=lambda st: rank[st.name]))
     group_of = {st.id: g for g in groups for st in g.studies}
     counts = _trial_counts(data.trial_reasons, list(found))
-    meta = _study_meta(groups, counts, data.history, data.fold_threads)
+    meta = _study_meta(groups, counts, data.history, data.fold_threads, data.test_epochs)
     for study_id, m in meta.items():  # failed trials and test folds, with their reasons
         m.update(failure_columns(data.failures.get(study_id, [])))
     rows = _study_rows(data.results, group_of, rank, meta)

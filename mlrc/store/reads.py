@@ -4,6 +4,7 @@ the untrained baselines they link to. Read-only; every function opens its own se
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,12 +28,36 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TableInputs",
+    "archived_of",
     "campaign_names",
     "campaign_study_names",
     "existing_study_names",
     "study_names",
     "table_inputs",
+    "tested_study_names",
 ]
+
+# NAME.old-K: a study archived by ``study run --force-new`` (:func:`mlrc.store.trials.archive_study`)
+_ARCHIVED = re.compile(r"(?P<name>.+)\.old-\d+")
+
+
+def archived_of(name: str) -> str | None:
+    """The name of the study that an archived study ``NAME.old-K`` was replaced by (``NAME``);
+    None for a study that is not archived."""
+    m = _ARCHIVED.fullmatch(name)
+    return m["name"] if m else None
+
+
+def tested_study_names(engine: Engine, names: list[str]) -> set[str]:
+    """Those of ``names`` that are studies with final test results."""
+    with session(engine) as s:
+        q = (
+            select(Study.name)
+            .join(TestResult, TestResult.study_id == Study.id)
+            .where(TestResult.fold == -1, Study.name.in_(names))
+            .distinct()
+        )
+        return set(s.execute(q).scalars())
 
 
 def study_names(engine: Engine) -> list[str]:
@@ -77,6 +102,8 @@ class TableInputs:
     baseline_links: dict[int, str]  # study id -> baseline key
     baselines: dict[str, list[Baseline]] = field(default_factory=dict)  # key -> one per mode
     history: dict[int, list[StudyHistory]] = field(default_factory=dict)  # study id -> changes
+    # study id -> (complete test fold runs, of them kept at epoch 0: the untrained model)
+    test_epochs: dict[int, tuple[int, int]] = field(default_factory=dict)
     # study id -> the torch thread counts its complete fold runs recorded (several: say so)
     fold_threads: dict[int, list[int]] = field(default_factory=dict)
     # study id -> "trial 0 failed: reason", "reproduction 2, fold 0 failed: reason" (in order)
@@ -96,6 +123,7 @@ def table_inputs(engine: Engine, names: list[str]) -> TableInputs:
             baseline_links=links,
             baselines=_baselines(s, sorted(set(links.values()))),
             history=_history(s, ids),
+            test_epochs=_test_epochs(s, ids),
             fold_threads=_fold_threads(s, ids),
             failures=_failures(s, ids),
         )
@@ -165,3 +193,15 @@ def _fold_threads(s: Session, study_ids: list[int]) -> dict[int, list[int]]:
     for study_id, threads in s.execute(q).all():
         out.setdefault(study_id, []).append(threads)
     return {k: sorted(v) for k, v in out.items()}
+
+
+def _test_epochs(s: Session, study_ids: list[int]) -> dict[int, tuple[int, int]]:
+    """Per study: its complete test fold runs, and how many of them kept epoch 0."""
+    q = select(FoldRun.study_id, FoldRun.best_epoch).where(
+        FoldRun.study_id.in_(study_ids), FoldRun.kind == "test", FoldRun.status == "complete"
+    )
+    out: dict[int, tuple[int, int]] = {}
+    for study_id, epoch in s.execute(q).all():
+        done, zero = out.get(study_id, (0, 0))
+        out[study_id] = (done + 1, zero + (epoch == 0))
+    return out
