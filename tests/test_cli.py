@@ -99,4 +99,5 @@ def test_errors_are_one_line_without_traceback(tmp_path):
     r = runner.invoke(app, ["data", "summary", "cub"])
     assert r.exit_code == 2 and "did you mean 'cub200'" in r.output
     r = runner.invoke(app, ["data", "summary", "glyphs", "--folds", "40"])
-    assert r.exit_code == 2 and "55 train+val classes are too few for 40 folds" in r.output
+    assert r.exit_code == 2 and "40 folds need at least 160 classes" in r.output
+    assert "found 111 (55 train+val)" in r.output

@@ -250,7 +250,7 @@ BAD = {
         "test: 'U+0041 a' is not a class of glyphs",
         "did you mean 'U+0061 a'",
     ),
-    "too-few-for-the-scheme": (None, "train+val classes are too few for 4 folds", "at least 2"),
+    "too-few-for-the-scheme": (None, "4 folds need at least 8 train+val classes", "found "),
 }
 
 

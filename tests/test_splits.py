@@ -114,10 +114,14 @@ def test_split_properties(ids, n_folds, scheme):
 @pytest.mark.parametrize(
     ("classes", "n_folds", "message"),
     [
-        (7, 4, r"3 train\+val classes are too few for 4 folds"),
-        (8, 4, r"4 train\+val classes are too few for 4 folds"),
-        (15, 4, r"7 train\+val classes are too few for 4 folds"),
-        (31, 8, r"15 train\+val classes are too few for 8 folds"),
+        (7, 4, r"^4 folds need at least 16 classes: 8 train\+val .*; found 7 \(3 train\+val\)$"),
+        (8, 4, r"^4 folds need at least 16 classes: 8 train\+val .*; found 8 \(4 train\+val\)$"),
+        (15, 4, r"^4 folds need at least 16 classes: .*; found 15 \(7 train\+val\)$"),
+        (
+            31,
+            8,
+            r"^8 folds need at least 32 classes: 16 train\+val .*; found 31 \(15 train\+val\)$",
+        ),
     ],
 )
 def test_too_few_classes_is_a_clear_error(classes, n_folds, message):

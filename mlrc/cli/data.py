@@ -34,6 +34,8 @@ SplitOpt = Annotated[
 
 
 def _load(name: str, root: Path | None) -> data.ImageDataset:
+    if root is None and name in data.NEEDS_ROOT:
+        fail(f"--root: dataset {name!r} needs a root directory (--root PATH)")
     try:
         return data.build(name, root=root)
     except (DatasetError, RegistryError) as e:
@@ -99,16 +101,17 @@ def data_summary(
 def data_check(
     name: Annotated[str, typer.Argument(help="dataset name")], root: RootOpt = None
 ) -> None:
-    """Decode every image once and list the ones that cannot be read (exit 1 if any)."""
-    from tqdm import tqdm
+    """Decode every image once and list every file that cannot be read — missing, empty,
+    corrupt, too large — (exit 1 if any)."""
+    from mlrc.data.base import listing_bad_files
+    from mlrc.data.verify import decode_failures  # the pre-flight of a study decodes the same
 
-    ds = _load(name, root)
-    bad = []
-    for i in tqdm(range(len(ds)), desc=f"checking {ds.name}", unit="img"):
-        try:
-            ds.load_image(i)
-        except DatasetError as e:
-            bad.append(str(e))
+    with listing_bad_files() as found:  # missing and empty files: listed, not the first only
+        ds = _load(name, root)
+    listed = {origin for origin, _ in found}
+    rest = [i for i in range(len(ds)) if ds.origins[i] not in listed]
+    bad = [message for _, message in found]
+    bad += [message for _, message in decode_failures(ds, rest)]
     for msg in bad:
         console.print(f"[red]bad:[/red] {msg}", highlight=False, soft_wrap=True)
     console.print(f"{len(ds) - len(bad)} of {len(ds)} images readable")

@@ -145,7 +145,7 @@ def _find_roots(cfg: CampaignConfig, source: str, base: Path | None) -> None:
             candidates.append(base / ds.root)
         found = next((c for c in candidates if c.exists()), None)
         if found is None:
-            looked = " and ".join(str(c.resolve()) for c in candidates)
+            looked = " and ".join(dict.fromkeys(str(c.resolve()) for c in candidates))
             raise ConfigError(
                 f"{source}: datasets.{i}.root: {ds.root} does not exist (looked in {looked})"
             )

@@ -38,10 +38,18 @@ def check_names(
 
 
 def check_dataset_params(ref: DatasetRef, source: str) -> None:
-    """Each ``dataset.params`` key against the dataset's keyword arguments (a dataset whose
-    factory takes ``**kwargs`` is checked when it is built)."""
+    """``dataset.root`` given where the dataset needs one (and not for ``glyphs``), and each
+    ``dataset.params`` key against the dataset's keyword arguments (a dataset whose factory
+    takes ``**kwargs`` is checked when it is built)."""
     from mlrc import data
 
+    if ref.root is None and ref.name in data.NEEDS_ROOT:
+        raise ConfigError(
+            f"{source}: dataset.root: dataset {ref.name!r} needs a root directory, and none is "
+            "given (root: PATH)"
+        )
+    if ref.root is not None and ref.name == "glyphs":
+        raise ConfigError(f"{source}: dataset.root: dataset 'glyphs' is built in and takes no root")
     params = inspect.signature(data.DATASETS.get(ref.name)).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return

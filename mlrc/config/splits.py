@@ -242,9 +242,18 @@ def build_split(
 ) -> Split:
     """The :class:`Split` of ``ds``: MLRC's (``n_folds``, ``scheme``) when ``spec`` is None,
     else the study's split with every class name checked against the dataset (errors start
-    with ``where``)."""
+    with ``where``; a study's ``FILE: split`` names ``FILE: dataset`` when MLRC's split finds
+    too few classes)."""
     if spec is None:
-        return mlrc_split(ds.labels, n_folds=n_folds, scheme=scheme)
+        try:
+            return mlrc_split(ds.labels, n_folds=n_folds, scheme=scheme)
+        except SplitError as e:  # too few classes: the study file's dataset and its folds
+            source = where.removesuffix(": split")
+            if source == where:  # the command line's (--split, --folds): as it is
+                raise
+            raise ConfigError(
+                f"{source}: dataset: {ds.name} (preset.folds {n_folds}): {e}"
+            ) from None
     if spec.test == PREDEFINED:
         where = f"{where}: {PREDEFINED}"
         try:

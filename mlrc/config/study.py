@@ -232,10 +232,8 @@ def load_study(path: str | Path) -> ResolvedStudy:
         candidates = [Path(root).expanduser(), path.parent / root]
         found = next((c for c in candidates if c.exists()), None)
         if found is None:
-            raise ConfigError(
-                f"{path}: dataset.root: {root} does not exist "
-                f"(looked in {candidates[0].resolve()} and {candidates[1].resolve()})"
-            )
+            looked = " and ".join(dict.fromkeys(str(c.resolve()) for c in candidates))
+            raise ConfigError(f"{path}: dataset.root: {root} does not exist (looked in {looked})")
         study.dataset.root = str(found.resolve())
     return resolve(study, str(path), base=path.parent)
 

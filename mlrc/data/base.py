@@ -7,7 +7,9 @@ import io
 import os
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 import numpy as np
@@ -188,15 +190,41 @@ def require_file(path: Path, what: str) -> Path:
     return path
 
 
+_bad_files: ContextVar[list[tuple[str, str]] | None] = ContextVar("bad_files", default=None)
+
+
+@contextmanager
+def listing_bad_files() -> Iterator[list[tuple[str, str]]]:
+    """Within it, the loaders' load-time checks of single files (missing, empty, unreadable in
+    a zip) record ``(origin, message)`` in the list it yields instead of raising, and the
+    dataset keeps those files (they fail to decode): ``mlrc data check`` lists every bad file."""
+    found: list[tuple[str, str]] = []
+    token = _bad_files.set(found)
+    try:
+        yield found
+    finally:
+        _bad_files.reset(token)
+
+
+def bad_file(origin: str, problem: str) -> None:
+    """A bad image file: a :class:`DatasetError` ``origin: problem``, or recorded inside
+    :func:`listing_bad_files`."""
+    found = _bad_files.get()
+    if found is None:
+        raise DatasetError(f"{origin}: {problem}")
+    found.append((origin, f"{origin}: {problem}"))
+
+
 def check_image_files(paths: Sequence[str]) -> None:
     """Cheap checks at load time: every listed file exists and is not empty."""
     for p in paths:
         try:
             size = os.stat(p).st_size
         except FileNotFoundError:
-            raise DatasetError(f"{p}: image file listed by the dataset is missing") from None
+            bad_file(p, "image file listed by the dataset is missing")
+            continue
         if size == 0:
-            raise DatasetError(f"{p}: image file is empty (0 bytes)")
+            bad_file(p, "image file is empty (0 bytes)")
 
 
 def is_hidden(parts: Sequence[str]) -> bool:

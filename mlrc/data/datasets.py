@@ -15,6 +15,7 @@ from mlrc.data.base import (
     IMAGE_EXTENSIONS,
     DatasetError,
     ImageDataset,
+    bad_file,
     check_image_files,
     is_hidden,
     list_images,
@@ -30,6 +31,9 @@ DATASETS: Registry[ImageDataset] = Registry("dataset", group="mlrc.datasets")
 
 available = DATASETS.available
 
+# the datasets read from a folder (or file) the user names: ``root`` is required
+NEEDS_ROOT = frozenset({"image_folder", "cub200", "cars196", "sop", "inshop"})
+
 
 def build(name: str, root: str | Path | None = None, **kwargs: object) -> ImageDataset:
     """Load dataset ``name`` from ``root`` (``glyphs`` needs none; ``omniglot`` downloads one)."""
@@ -38,7 +42,7 @@ def build(name: str, root: str | Path | None = None, **kwargs: object) -> ImageD
 
 def _root(root: str | Path | None, name: str) -> Path:
     if root is None:
-        raise DatasetError(f"dataset {name!r} needs a root directory (root: PATH)")
+        raise DatasetError(f"dataset {name!r} needs a root directory (its dataset root: PATH)")
     return require_dir(Path(root).expanduser(), f"{name} root")
 
 
@@ -261,12 +265,13 @@ def _omniglot_zip(path: Path) -> ImageDataset:
         sources, labels, origins = [], [], []
         for c, name in enumerate(names):
             for m in sorted(by_class[name], key=lambda m: m.filename):
-                if m.file_size == 0:
-                    raise DatasetError(f"{path}:{m.filename}: image file is empty (0 bytes)")
                 try:
                     sources.append(zf.read(m))
                 except (zipfile.BadZipFile, OSError) as e:
-                    raise DatasetError(f"{path}:{m.filename}: cannot read from zip ({e})") from None
+                    bad_file(f"{path}:{m.filename}", f"cannot read from zip ({e})")
+                    sources.append(b"")  # listed, it fails to decode
+                if m.file_size == 0:
+                    bad_file(f"{path}:{m.filename}", "image file is empty (0 bytes)")
                 labels.append(c)
                 origins.append(f"{path}:{m.filename}")
     return ImageDataset("omniglot", sources, labels, names, origins=origins)

@@ -107,14 +107,17 @@ def mlrc_split(
     n_trainval = C // 2  # first ⌊C/2⌋ classes: train+val; the rest: test
     if scheme == "traditional":
         if n_trainval < 2:
-            raise SplitError(f"{C} classes are too few: each half needs at least 2")
+            raise SplitError(
+                f"the traditional split needs at least 4 classes (2 to train, 2 to test); found {C}"
+            )
         return traditional_split(classes[:n_trainval], classes[n_trainval:])
     if n_folds < 2:
         raise SplitError(f"n_folds must be at least 2, got {n_folds}")
     if n_trainval // n_folds < 2:
         raise SplitError(
-            f"{n_trainval} train+val classes are too few for {n_folds} folds: every fold needs "
-            f"at least 2 validation classes ({2 * n_folds} train+val classes, {4 * n_folds} in all)"
+            f"{n_folds} folds need at least {4 * n_folds} classes: {2 * n_folds} train+val "
+            f"(2 validation classes per fold) and as many to test; found {C} "
+            f"({n_trainval} train+val)"
         )
     trainval, test = classes[:n_trainval], classes[n_trainval:]
     return Split(
@@ -181,8 +184,8 @@ def custom_split(
             raise SplitError(f"at least 2 folds are needed, got {n_folds}")
         if len(trainval) // n_folds < 2:
             raise SplitError(
-                f"{len(trainval)} train+val classes are too few for {n_folds} folds: every fold "
-                f"needs at least 2 validation classes ({2 * n_folds} train+val classes)"
+                f"{n_folds} folds need at least {2 * n_folds} train+val classes (2 validation "
+                f"classes per fold); found {len(trainval)}"
             )
         folds = _scheme_folds(trainval, n_folds, scheme)
     else:

@@ -9,13 +9,13 @@ import hashlib
 import logging
 import os
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
 from mlrc import __version__, data, store
 from mlrc.config import (
@@ -260,31 +260,26 @@ def sqlite_lock(engine: Engine, name: str) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
 
-    lock = FileLock(
-        path,
-        blocking=False,
-        thread_local=False,
-        preserve_lock_file=True,
-        fallback_to_soft=False,  # a kernel lock, released when the process dies, or none
-        on_acquired=write_pid,
-    )
-    try:
-        lock.acquire()
-    except Timeout:  # before OSError: filelock's Timeout is a TimeoutError
+    # a kernel lock, released when the process dies; its file removed when the command ends
+    with ExitStack() as held:
         try:
-            pid = path.read_text().strip() or "?"
-        except OSError:
-            pid = "?"
-        raise StudyError(
-            f"study {name!r} is already running on {engine.url.database} (pid {pid}); SQLite "
-            "allows one process per study — use a PostgreSQL URL for parallel workers"
-        ) from None
-    except OSError as e:
-        raise StudyError(f"{path}: cannot create the study's lock file ({e.strerror})") from None
-    try:
+            held.enter_context(
+                store.removed_lock_file(str(path), blocking=False, on_acquired=write_pid)
+            )
+        except Timeout:  # before OSError: filelock's Timeout is a TimeoutError
+            try:
+                pid = path.read_text().strip() or "?"
+            except OSError:
+                pid = "?"
+            raise StudyError(
+                f"study {name!r} is already running on {engine.url.database} (pid {pid}); "
+                "SQLite allows one process per study — use a PostgreSQL URL for parallel workers"
+            ) from None
+        except OSError as e:
+            raise StudyError(
+                f"{path}: cannot create the study's lock file ({e.strerror})"
+            ) from None
         yield
-    finally:
-        lock.release()
 
 
 def register_study(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, event, select
@@ -113,31 +113,68 @@ def sqlite_path(engine: Engine) -> str | None:
 
 
 @contextmanager
+def removed_lock_file(
+    path: str, blocking: bool = True, on_acquired: Callable[[int], None] | None = None
+) -> Iterator[None]:
+    """An exclusive ``flock`` on the file ``path`` (created if missing; the kernel releases it
+    when the process dies), the file removed on release. filelock leaves it (unlinking a lock
+    file is unsafe in general), so it is removed here while still held, and only while ``path``
+    still names the file this process locked; a process that opened the same file before that
+    and wins its ``flock`` afterwards finds it unlinked and takes the new one (filelock checks
+    ``st_nlink``), so two processes never hold ``path`` at once. ``blocking=False``: one try,
+    :class:`filelock.Timeout` if another process holds it (a try that lost to a release that
+    removed the file is retried). ``on_acquired(fd)``: called once the lock is held. An
+    :class:`OSError` when the file cannot be created."""
+    from filelock import FileLock, Timeout
+
+    held: list[os.stat_result] = []
+
+    def acquired(fd: int) -> None:
+        held.append(os.fstat(fd))
+        if on_acquired is not None:
+            on_acquired(fd)
+
+    lock = FileLock(
+        path,
+        blocking=blocking,
+        thread_local=False,
+        preserve_lock_file=True,  # filelock's own release never unlinks; this function does
+        fallback_to_soft=False,  # a kernel lock, released when the process dies, or none
+        on_acquired=acquired,
+    )
+    for attempt in range(5):
+        try:
+            lock.acquire()
+            break
+        except Timeout:
+            if blocking or attempt == 4 or os.path.lexists(path):
+                raise  # held by another process
+    try:
+        yield
+    finally:
+        try:
+            if held and os.path.samestat(os.lstat(path), held[-1]):
+                os.unlink(path)  # still held: no other process holds this file
+        except OSError:
+            pass  # gone already, or a read-only folder: the lock is released all the same
+        lock.release()
+
+
+@contextmanager
 def sqlite_file_lock(engine: Engine, name: str) -> Iterator[None]:
     """On a SQLite file, an exclusive ``flock`` on ``<database>.<name>.lock`` (released when the
-    process dies); a no-op for PostgreSQL and in-memory databases."""
-    from filelock import FileLock
-
+    process dies, the file removed when it ends: :func:`removed_lock_file`); a no-op for
+    PostgreSQL and in-memory databases."""
     database = sqlite_path(engine)
     # filelock would create a missing folder: SQLite is to name it ("unable to open database file")
     if database is None or not os.path.isdir(os.path.dirname(os.path.abspath(database))):
         yield
         return
-    lock = FileLock(
-        f"{database}.{name}.lock",
-        thread_local=False,
-        preserve_lock_file=True,
-        fallback_to_soft=False,
-    )
-    try:
-        lock.acquire()
-    except OSError:  # a read-only folder: nothing can be created there, so nothing races
+    with ExitStack() as held:
+        # a read-only folder: nothing can be created there, so nothing races
+        with suppress(OSError):
+            held.enter_context(removed_lock_file(f"{database}.{name}.lock"))
         yield
-        return
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def optuna_storage(url: str, **heartbeat: Any) -> Any:
