@@ -296,10 +296,16 @@ def run_campaign(
     cfg = load_campaign(campaign_file)
     plan = [(c, with_track(r, track)) for c, r in resolve_campaign(cfg, str(campaign_file))]
     engine = store.connect(storage)
+    lines = []
     if checks:  # every study's, before any is registered: one problem refuses the campaign
         _refuse_changed(engine, plan)  # first: a changed study needs no pre-flight to be refused
-        preflight(plan, quiet)
+        lines = preflight(plan, quiet)
     register(engine, cfg, plan)
+    if lines:  # once the store took the studies (its refusal stays one line)
+        from mlrc.terminal import console
+
+        for line in lines:
+            console.print(line, soft_wrap=True, highlight=False)
     ray_options = ray_options or {}
     run = partial(
         run_study,
@@ -316,19 +322,19 @@ def run_campaign(
     return failures
 
 
-def preflight(plan: Plan, quiet: bool) -> None:
-    """The pre-flight of every study (:mod:`mlrc.train.preflight`), a line each unless
-    ``quiet``; the first problem is raised as its one line, naming the study at its end."""
-    from mlrc.terminal import console
+def preflight(plan: Plan, quiet: bool) -> list[str]:
+    """The pre-flight of every study (:mod:`mlrc.train.preflight`); a line each to print (none
+    when ``quiet``). The first problem is raised as its one line, naming the study at its end."""
     from mlrc.train.preflight import preflight as check
 
+    lines = []
     for cell, resolved in plan:
         try:
             done = check(resolved, progress=not quiet)
         except ValueError as e:  # DatasetError, ConfigError, SplitError: the same type, named
             raise type(e)(f"{e} (study {cell.name})") from None
-        if not quiet:
-            console.print(f"{cell.name}: {done.line()}", soft_wrap=True, highlight=False)
+        lines += [] if quiet else [f"{cell.name}: {done.line()}"]
+    return lines
 
 
 def _run_studies(

@@ -60,8 +60,10 @@ def demo(
             f"× {resolved.preset.folds} folds",
             soft_wrap=True,
         )
-        preflight(resolved, quiet)  # as every study's, before it is registered
+        line = preflight(resolved, quiet)  # as every study's, before it is registered
         with open_study(resolved, storage, artifacts, device, progress=not quiet) as ctx:
+            if line:
+                console.print(line, soft_wrap=True, highlight=False)
             console.print(ctx.split.summary(), highlight=False)
             run_search(ctx)
             print_status_by_name(ctx.engine, ctx.name)

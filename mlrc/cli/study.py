@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -90,10 +91,10 @@ def open_study_file(
         load_study(study_file), trials=trials, reproductions=reproductions, keep=keep
     )
     resolved = with_track(resolved, track)  # --track: instead of the file's tracking
-    if checks:  # before the study is registered: a refused study leaves nothing in the store
-        preflight(resolved, quiet)
+    # before the study is registered: a refused study leaves nothing in the store
+    line = preflight(resolved, quiet) if checks else None
     used = ("search.trials",) if stage == "search" else ("test.reproductions",)
-    return open_study(
+    opened = open_study(
         resolved,
         storage,
         artifacts,
@@ -103,16 +104,26 @@ def open_study_file(
         budgets_used=used,
         threads=threads,
     )
+    return announced(opened, line)
 
 
-def preflight(resolved, quiet: bool) -> None:
-    """The study's pre-flight (:mod:`mlrc.train.preflight`), its line printed unless ``quiet``;
-    a problem raises its one-line error."""
+def preflight(resolved, quiet: bool) -> str | None:
+    """The study's pre-flight (:mod:`mlrc.train.preflight`); its line (None when ``quiet``),
+    which the caller prints once the study is open (a refusal by the store stays one line). A
+    problem raises its one-line error."""
     from mlrc.train.preflight import preflight as check
 
     done = check(resolved, progress=not quiet)
-    if not quiet:
-        console.print(done.line(), soft_wrap=True, highlight=False)
+    return None if quiet else done.line()
+
+
+@contextmanager
+def announced(opened, line: str | None):
+    """``opened`` (an open study's context manager), printing ``line`` once it is open."""
+    with opened as ctx:
+        if line:
+            console.print(line, soft_wrap=True, highlight=False)
+        yield ctx
 
 
 @study_app.command("run")

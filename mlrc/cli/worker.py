@@ -83,7 +83,9 @@ def worker(
             from mlrc.config import load_study
 
             with user_errors():
-                preflight(load_study(study_file), quiet)
+                line = preflight(load_study(study_file), quiet)
+            if line:
+                console.print(line, soft_wrap=True, highlight=False)
         if track is not None:  # by environment, like the storage URL: it may hold a secret
             os.environ["MLRC_TRACK"] = track
         args = [str(study_file), "--artifacts", str(artifacts), "--device", device, "--skip-checks"]
