@@ -101,7 +101,8 @@ def test_export_errors_are_one_line(tested, tmp_path):
     _, _, url = tested
     r = cli("study", "export", "nope", "--storage", url, "--out", tmp_path / "x.yaml", code=2)
     assert r.output.strip() == "error: no study 'nope' in the store"
-    r = cli("study", "export", "orig", "--storage", url, "--out", tmp_path / "x.yaml" / "y",
+    (tmp_path / "a-file").write_text("")
+    r = cli("study", "export", "orig", "--storage", url, "--out", tmp_path / "a-file" / "x.yaml",
             code=2)  # fmt: skip
     assert r.output.strip().startswith("error: --out ") and "is a file, not a folder" in r.output
 

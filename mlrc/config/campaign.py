@@ -137,7 +137,12 @@ def parse_campaign(
 def _find_roots(cfg: CampaignConfig, source: str, base: Path | None) -> None:
     """Replace each dataset ``root`` by the absolute path it names: relative to the working
     directory, else to ``base``; a root found in neither is a :class:`ConfigError`."""
+    from mlrc import data
+    from mlrc.config.checks import check_root
+
     for i, ds in enumerate(cfg.datasets):
+        if ds.name in data.available():  # an unknown name: resolving its studies says so
+            check_root(ds.name, ds.root, f"{source}: datasets.{i}.root")
         if ds.root is None:
             continue
         candidates = [Path(ds.root).expanduser()]

@@ -38,23 +38,29 @@ def check_names(
 
 
 def check_dataset_params(ref: DatasetRef, source: str) -> None:
-    """``dataset.root`` given where the dataset needs one (and not for ``glyphs``), and each
-    ``dataset.params`` key against the dataset's keyword arguments (a dataset whose factory
-    takes ``**kwargs`` is checked when it is built)."""
+    """Each ``dataset.params`` key against the dataset's keyword arguments (a dataset whose
+    factory takes ``**kwargs`` is checked when it is built)."""
     from mlrc import data
 
-    if ref.root is None and ref.name in data.NEEDS_ROOT:
-        raise ConfigError(
-            f"{source}: dataset.root: dataset {ref.name!r} needs a root directory, and none is "
-            "given (root: PATH)"
-        )
-    if ref.root is not None and ref.name == "glyphs":
-        raise ConfigError(f"{source}: dataset.root: dataset 'glyphs' is built in and takes no root")
     params = inspect.signature(data.DATASETS.get(ref.name)).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     accepted = [k for k in params if k != "root"]
     check_names("dataset", ref.name, [("dataset.params", ref.params)], accepted, source)
+
+
+def check_root(name: str, root: str | None, where: str) -> None:
+    """A root given where dataset ``name`` needs one, and none for the built-in ``glyphs``
+    (``where``: ``FILE: dataset.root``). Checked where roots are looked up (a study file that
+    is run, a campaign's datasets), not when a template without its root is resolved."""
+    from mlrc import data
+
+    if root is None and name in data.NEEDS_ROOT:
+        raise ConfigError(
+            f"{where}: dataset {name!r} needs a root directory, and none is given (root: PATH)"
+        )
+    if root is not None and name == "glyphs":
+        raise ConfigError(f"{where}: dataset 'glyphs' is built in and takes no root")
 
 
 def check_sampler(ref: SamplerRef, source: str) -> None:

@@ -13,6 +13,7 @@ from mlrc.config.checks import (
     check_dataset_params,
     check_enqueue,
     check_names,
+    check_root,
     check_sampler,
     check_space,
     check_values,
@@ -227,6 +228,8 @@ def load_study(path: str | Path) -> ResolvedStudy:
     """Read, validate and resolve a study file. Relative dataset roots: cwd, then the file's dir."""
     path = Path(path)
     study = validate_model(StudyConfig, load_yaml(path), str(path))
+    if study.dataset.name in data_names():  # an unknown name: resolve() says so
+        check_root(study.dataset.name, study.dataset.root, f"{path}: dataset.root")
     root = study.dataset.root
     if root is not None:
         candidates = [Path(root).expanduser(), path.parent / root]
@@ -236,6 +239,13 @@ def load_study(path: str | Path) -> ResolvedStudy:
             raise ConfigError(f"{path}: dataset.root: {root} does not exist (looked in {looked})")
         study.dataset.root = str(found.resolve())
     return resolve(study, str(path), base=path.parent)
+
+
+def data_names() -> list[str]:
+    """The registered datasets."""
+    from mlrc import data
+
+    return data.available()
 
 
 def resolve(study: StudyConfig, source: str = "study", base: Path | None = None) -> ResolvedStudy:
