@@ -189,17 +189,13 @@ def epochs(url: str) -> list[tuple]:
 
 
 def test_a_fold_computes_the_same_alone_and_beside_other_mlrc_processes(tmp_path):
-    from mlrc.config import load_study
-    from mlrc.search import register_study
-
     path = study_file(tmp_path, trials=1)
     alone = f"sqlite:///{tmp_path / 'alone.sqlite'}"
     run(path, alone, tmp_path / "a")
     [study_alone] = rows(alone, Study)
     beside = f"sqlite:///{tmp_path / 'beside.sqlite'}"
-    register_study(store.connect(beside), load_study(path))  # created alone: the same count
     d = threads.lock_dir()
-    helpers = _helpers(d, 2)  # two more mlrc processes on this host
+    helpers = _helpers(d, 2)  # two more mlrc processes on this host, the study created beside
     try:
         assert threads.count_workers(d) >= 2
         fair_now = threads.share(threads.count_workers(d) + 1, threads.visible_cores())

@@ -107,7 +107,10 @@ def test_the_fair_share_counts_other_workers(tmp_path, monkeypatch):
     (h,) = _holders(d)
     try:  # a second worker appeared: a study created now takes half
         assert threads.fair_threads() == 2
-        assert "2 threads of 4 cores (2 mlrc workers on this host)" in threads.share_line()
+        assert threads.study_threads() == 4  # a study created now: not divided (they take turns)
+        assert "4 threads of 4 cores (2 mlrc workers on this host, taking turns)" in (
+            threads.share_line()
+        )
     finally:
         h.kill()
         h.wait()

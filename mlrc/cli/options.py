@@ -107,8 +107,8 @@ ThreadsOpt = Annotated[
 
 def fair_share(threads: int | None, quiet: bool) -> None:
     """Register this process as an mlrc worker of the host, its folds taking turns for the
-    host's cores; ``threads``: ``--threads`` (a new study's folds use it, else the fair share;
-    see :mod:`mlrc.train.threads`). The share is logged at debug level, not printed: a
+    host's cores; ``threads``: ``--threads`` (a new study's folds use it, else the cores this
+    process may use; see :mod:`mlrc.train.threads`). The share is logged at debug level, not printed: a
     command's output (and its one-line errors) stay as they were."""
     import logging
 

@@ -289,9 +289,9 @@ def register_study(
     threads: int | None = None,
 ) -> int:
     """The study's row id, the row created if new (its settings: the budgets and retention it
-    resolves to, ``threads`` or this process's ``--threads`` or its fair share now); a stored
-    study of the same name with another configuration is a :class:`StudyError` naming the
-    first difference. A stored study's settings change as :func:`settle` says, recorded in its
+    resolves to, ``threads`` or this process's ``--threads`` or
+    :func:`~mlrc.train.threads.study_threads`); a stored study of the same name with another
+    configuration is a :class:`StudyError` naming the first difference. A stored study's settings change as :func:`settle` says, recorded in its
     history (its retention only where its artifacts are known: :func:`build_context`)."""
     return _register(engine, resolved, budgets_used, threads, None)[0]
 
@@ -310,7 +310,7 @@ def _register(
     threads = threads or cpu.requested_threads()
     initial = {
         "artifacts.keep": resolved.keep,
-        "threads": threads or cpu.fair_threads(),
+        "threads": threads or cpu.study_threads(),
         "file": file_settings(resolved),
     }
     study_id, stored = trials.ensure_study(
@@ -387,7 +387,7 @@ def settle(
     new_settings["artifacts.keep"] = now["artifacts.keep"]
     changes = [(f, was[f], now[f]) for f in SETTINGS if was[f] != now[f]]
     old_threads = settings.get("threads")
-    new_settings["threads"] = threads or old_threads or cpu.fair_threads()
+    new_settings["threads"] = threads or old_threads or cpu.study_threads()
     if new_settings["threads"] != old_threads:
         changes.append(("threads", old_threads, new_settings["threads"]))
     new_config = None

@@ -3,12 +3,13 @@ processes of a host share its cores by taking turns.
 
 torch's results depend on its thread count (float sums in another order): a fold trained with 1
 thread gives other numbers than with 2 (each reproducible). So the count is the study's, fixed
-when the study is created (``--threads N``, ``MLRC_THREADS``, else :func:`fair_threads`: the
+when the study is created (``--threads N``, ``MLRC_THREADS``, else :func:`study_threads`: the
 cores a process may use (:func:`visible_cores`: its CPU affinity, bounded by a cgroup v2 or v1
-CPU quota) divided by the mlrc workers running on this host (:func:`count_workers`), never more
-than torch's own default (:func:`initial_threads`)), stored with it and set before every fold
-(:func:`apply_threads`). The fair share then decides how many folds run at once: a process whose
-fold would take more cores than are free waits for a slot (:func:`fold_slot`).
+CPU quota), never more than torch's own default (:func:`initial_threads`) — the same whatever
+else runs on the host), stored with it and set before every fold (:func:`apply_threads`). The
+fair share (:func:`fair_threads`: those cores divided by the mlrc workers on this host,
+:func:`count_workers`) decides how many folds run at once instead: a process whose fold would
+take more cores than are free waits for a slot (:func:`fold_slot`).
 
 Workers find each other through a lock directory (``$MLRC_CACHE/workers``, default
 ``~/.cache/mlrc/workers``): each registered process holds an OS lock (``flock``, via
@@ -47,6 +48,7 @@ __all__ = [
     "lock_dir",
     "register_worker",
     "requested_threads",
+    "study_threads",
     "reset",
     "share",
     "share_line",
@@ -222,6 +224,15 @@ def fair_threads() -> int:
     return min(share(count_workers(_state.directory), visible_cores()), initial_threads())
 
 
+def study_threads() -> int:
+    """The torch threads a new study's folds compute with unless ``--threads``: the cores this
+    process may use (:func:`visible_cores`), never more than torch's own default — not divided
+    by the mlrc processes running now (:func:`fair_threads`), so a study's numbers do not depend
+    on what else ran on the host when it was created; its neighbours take turns for the cores
+    instead (:func:`fold_slot`)."""
+    return min(visible_cores(), initial_threads())
+
+
 def apply_threads(n: int) -> int:
     """Set torch's intra-op threads to ``n`` (a study's count; see :mod:`this module
     <mlrc.train.threads>`); returns it."""
@@ -339,10 +350,10 @@ def share_line() -> str:
     if _state.threads:
         n = _state.threads
         return f"cpu share: {n} thread{'s' * (n != 1)} of {cores} cores (--threads)"
-    n, w = fair_threads(), count_workers(_state.directory)
+    n, w = study_threads(), count_workers(_state.directory)
     return (
         f"cpu share: {n} thread{'s' * (n != 1)} of {cores} cores "
-        f"({w} mlrc worker{'s' * (w != 1)} on this host)"
+        f"({w} mlrc worker{'s' * (w != 1)} on this host, taking turns)"
     )
 
 
