@@ -40,11 +40,11 @@ import time
 import uuid
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import PIL
@@ -56,6 +56,8 @@ from tqdm.auto import tqdm
 
 from mlrc.data.base import DatasetError, ImageDataset, Source
 from mlrc.errors import alive
+
+R = TypeVar("R")  # what ordered_map's function returns
 
 FORMAT_VERSION = 1
 STALE_TEMP_S = 24 * 3600  # a temporary file untouched this long is a dead build's, whatever host
@@ -232,7 +234,9 @@ def _write_images(
     # this block restores the caller's filters whatever the interleaving.
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
-        images = _ordered_map(lambda i: np.asarray(resizer(ds.load_image(i))), len(ds), threads)
+        images = ordered_map(
+            lambda i: np.asarray(resizer(ds.load_image(i))), range(len(ds)), threads
+        )
         bar = tqdm(
             images,
             total=len(ds),
@@ -247,16 +251,16 @@ def _write_images(
     return index
 
 
-def _ordered_map(fn: Callable[[int], np.ndarray], n: int, threads: int) -> Iterator[np.ndarray]:
-    """``fn(0), …, fn(n − 1)`` in order, computed by ``threads`` threads at most 2 × threads
-    ahead of the consumer (Pillow releases the GIL while decoding and resizing)."""
+def ordered_map(fn: Callable[[int], R], items: Iterable[int], threads: int) -> Iterator[R]:
+    """``fn(i)`` for each of ``items`` in order, computed by ``threads`` threads at most
+    2 × threads ahead of the consumer (Pillow releases the GIL while decoding and resizing)."""
     if threads <= 1:
-        yield from (fn(i) for i in range(n))
+        yield from (fn(i) for i in items)
         return
     with ThreadPoolExecutor(threads) as pool:
         pending: deque[Future] = deque()
         try:
-            for i in range(n):
+            for i in items:
                 pending.append(pool.submit(fn, i))
                 if len(pending) >= 2 * threads:
                     yield pending.popleft().result()

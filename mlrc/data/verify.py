@@ -21,9 +21,7 @@ import hashlib
 import os
 import re
 import warnings
-from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +30,7 @@ import PIL
 from PIL import Image
 
 from mlrc.data.base import DatasetError, ImageDataset
+from mlrc.data.cache import ordered_map
 
 __all__ = ["Verified", "checked_dir", "decode_failures", "image_keys", "verify_images"]
 
@@ -69,7 +68,7 @@ def decode_failures(
     # the caller's (as mlrc.data.cache does when it builds a cache).
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
-        results = _ordered_map(decode, indices, threads)
+        results = ordered_map(decode, indices, threads)
         bar = tqdm(
             zip(indices, results, strict=True),
             total=len(indices),
@@ -80,29 +79,6 @@ def decode_failures(
         for i, message in bar:
             if message is not None:
                 yield i, message
-
-
-def _ordered_map(fn, items: Sequence[int], threads: int) -> Iterator[str | None]:
-    """``fn(item)`` for each item in order, computed by ``threads`` threads at most 2 × threads
-    ahead of the consumer."""
-    if threads <= 1:
-        yield from (fn(i) for i in items)
-        return
-    with ThreadPoolExecutor(threads) as pool:
-        pending: deque[Future] = deque()
-        try:
-            for i in items:
-                pending.append(pool.submit(fn, i))
-                if len(pending) >= 2 * threads:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            for fut in pending:
-                fut.cancel()
-
-
-# --- the pre-flight's memory of decoded images -------------------------------------------------
 
 
 def checked_dir() -> Path:
