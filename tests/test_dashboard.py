@@ -401,9 +401,12 @@ def test_selection_empty_store_and_errors(browser, store_url, tmp_path):
 # --- serve -------------------------------------------------------------------------------------
 
 
+_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1: no proxy
+
+
 def _get(url: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=30) as r:
+        with _LOCAL.open(url, timeout=30) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()

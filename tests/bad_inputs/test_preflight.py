@@ -9,6 +9,7 @@ port, which urllib (torch.hub's downloader) honours."""
 from __future__ import annotations
 
 import sqlite3
+import urllib.request
 from contextlib import closing
 from pathlib import Path
 
@@ -263,7 +264,13 @@ def test_pretrained_true_without_network_or_cached_weights_is_refused(tmp_path, 
     for var in ("no_proxy", "NO_PROXY"):
         monkeypatch.delenv(var, raising=False)
     path = study(tmp_path, overrides={**BNINCEPTION, "pretrained": True})
-    message = refused(tmp_path, ["study", "run", path])
+    # urlopen's global opener reads the proxies once: a fresh one here, and none left behind
+    # (a later test's requests to 127.0.0.1 would go to this proxy)
+    urllib.request.install_opener(None)
+    try:
+        message = refused(tmp_path, ["study", "run", path])
+    finally:
+        urllib.request.install_opener(None)
     assert message.startswith(
         f"{path}: pretrained: could not get weights "
         "http://data.lip6.fr/cadene/pretrainedmodels/bn_inception-52deb4733.pth "
