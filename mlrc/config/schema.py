@@ -254,7 +254,17 @@ class Preset(Strict):
     cudnn_benchmark: bool = False  # torch.backends.cudnn.benchmark (CUDA only)
     pin_memory: bool = False  # page-locked batches + non_blocking copies (CUDA only)
     persistent_workers: bool = False  # keep DataLoader workers between epochs (num_workers > 0)
-    decoded_cache: bool = False  # decoded, resized uint8 images in a memory-mapped file
+    decoded_cache: bool = False  # decoded, resized uint8 images (and evaluation crops) on disk
+    # minutes between two ``last.pt`` writes at most (also written at every validation epoch)
+    checkpoint_minutes: float = Field(10.0, gt=0)
+    # Numerics (part of a study's protocol). tf32: TF32 tensor-core maths in cuDNN convolutions
+    # and CUDA matmuls (None: torch's defaults, i.e. convolutions TF32, matmuls full fp32);
+    # deterministic: cuDNN deterministic algorithms, benchmark off, CUBLAS_WORKSPACE_CONFIG.
+    tf32: bool | None = None
+    deterministic: bool = False
+    # random crop, resize and flip of training images on the training device (numbers change by
+    # interpolation noise; for hosts with few CPU cores per GPU)
+    augment_on_device: bool = False
     search: SearchSpec = SearchSpec(trials=50, sampler="gp")
     test: TestSpec = TestSpec(reproductions=10)
 

@@ -80,7 +80,13 @@ class ResolvedStudy(Strict):
 
 # Preset fields that change speed, not the numbers (beyond float noise): not part of a study's
 # identity, so a study can be resumed with them switched.
-RUNTIME_ONLY = ("cudnn_benchmark", "pin_memory", "persistent_workers", "decoded_cache")
+RUNTIME_ONLY = (
+    "cudnn_benchmark",
+    "pin_memory",
+    "persistent_workers",
+    "decoded_cache",
+    "checkpoint_minutes",
+)
 
 # Fields added in mlrc 0.2 (performance and pruning), with the value that means "as before".
 _LATER_FIELDS: dict[tuple[str, ...], Any] = {
@@ -113,6 +119,10 @@ _LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("preset", "selection_metric"): "map_at_r",
     ("preset", "lr_schedule"): None,
     ("preset", "warmup_epochs"): 0,
+    # GPU numerics and on-device augmentation (#22)
+    ("preset", "tf32"): None,
+    ("preset", "deterministic"): False,
+    ("preset", "augment_on_device"): False,
 }
 
 

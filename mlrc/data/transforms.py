@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torchvision import transforms as T
 from torchvision.transforms import functional as F
@@ -40,9 +42,29 @@ def to_trunk_input(x: torch.Tensor, spec: dict) -> torch.Tensor:
     device and for a batch as for one image. A float tensor passes through unchanged."""
     if x.dtype != torch.uint8:
         return x
-    mean = torch.tensor(spec["mean"], dtype=torch.float32, device=x.device).view(-1, 1, 1)
-    std = torch.tensor(spec["std"], dtype=torch.float32, device=x.device).view(-1, 1, 1)
+    mean, std = _constants(tuple(spec["mean"]), tuple(spec["std"]), x.device)
     return x.float().div_(255).mul_(float(spec["input_range"])).sub_(mean).div_(std)
+
+
+def batch_to_trunk_input(
+    x: torch.Tensor, spec: dict, device: str | torch.device, non_blocking: bool = False
+) -> torch.Tensor:
+    """A loader's batch (uint8 CHW from the CPU) → the trunk's float32 input on ``device``:
+    copied (asynchronously from pinned memory with ``non_blocking``), then normalised there by
+    :func:`to_trunk_input`. The one place a fold's batches go to the device."""
+    return to_trunk_input(x.to(device, non_blocking=non_blocking), spec)
+
+
+@functools.lru_cache(maxsize=64)
+def _constants(
+    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, std) as float32 (C, 1, 1) tensors on ``device``, built once per device: a host →
+    device copy per batch would make every training step wait for the host."""
+    return (
+        torch.tensor(mean, dtype=torch.float32, device=device).view(-1, 1, 1),
+        torch.tensor(std, dtype=torch.float32, device=device).view(-1, 1, 1),
+    )
 
 
 def train_transform(

@@ -22,7 +22,7 @@ from mlrc.train.model import (
     load_model,
     untrained_trunk,
 )
-from mlrc.train.setup import FoldParts, build_fold, loader_options
+from mlrc.train.setup import FoldParts, build_fold, fold_inputs, loader_options
 from mlrc.train.spec import NONFINITE, EpochRecord, FoldResult, FoldSpec, trained_best
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "export_model",
     "load_exported",
     "load_model",
+    "fold_inputs",
     "loader_options",
     "trained_best",
     "train_fold",

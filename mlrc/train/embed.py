@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from mlrc.data.base import ImageDataset
-from mlrc.data.transforms import to_trunk_input
+from mlrc.data.transforms import batch_to_trunk_input
 from mlrc.train.model import Model
 
 
@@ -60,7 +60,7 @@ def embed(
         else DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
     )
     for x, y in loader:
-        x = to_trunk_input(x.to(device, non_blocking=loader.pin_memory), model.trunk.input_spec)
+        x = batch_to_trunk_input(x, model.trunk.input_spec, device, loader.pin_memory)
         out.append(model(x).float().cpu())
         labels.append(y)
     return torch.cat(out).numpy(), torch.cat(labels).numpy()

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from mlrc.data.transforms import to_trunk_input
+from mlrc.data.transforms import batch_to_trunk_input
 from mlrc.models.trunks import freeze_batchnorm
 from mlrc.protocol import retrieval_metrics
 from mlrc.train.checkpoint import (
@@ -260,7 +260,7 @@ def calculate_loss(
             parts.model,
             parts.loss_fn,
             parts.miner,
-            to_trunk_input(x.to(device, non_blocking=pin), parts.model.trunk.input_spec),
+            batch_to_trunk_input(x, parts.model.trunk.input_spec, device, pin),
             y.to(device, non_blocking=pin),
         )
     finally:

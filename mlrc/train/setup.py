@@ -6,6 +6,7 @@ the loss, then the strategy draw their initial weights from the torch RNG, in th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +74,9 @@ def build_fold(spec: FoldSpec) -> FoldParts:
     miner = miners.build(spec.miner, **spec.miner_params) if spec.miner else None
     strategy = strategies.build(spec.strategy, **spec.strategy_params).to(spec.device)
     loss_opt = _loss_optimizer(spec, loss_fn, info.loss_weight_decay)
-    dataset, train_set, val_set = _views(spec, model)
+    dataset, train_set, val_set = fold_inputs(
+        p, spec.dataset, spec.train_classes, spec.val_classes, model.trunk.input_spec, spec.progress
+    )
     sampler = samplers.build(
         spec.sampler,
         labels=train_set.labels,
@@ -130,22 +133,28 @@ def _loss_optimizer(
     return make_optimizer(lo.name, params, spec.loss_lr, wd, lo.momentum)
 
 
-def _views(spec: FoldSpec, model: Model) -> tuple[ImageDataset, View, View]:
-    """The dataset (decoded once and resized to ``image.resize`` when the preset has
-    ``decoded_cache``: the same tensors, no JPEG decoding) and its training and validation views.
-    Both give uint8 batches (4× smaller copies), normalised on the device."""
-    p, im, spec_in = spec.preset, spec.preset.image, model.trunk.input_spec
-    dataset = spec.dataset
+def fold_inputs(
+    p: Preset,
+    dataset: ImageDataset,
+    train_classes: Sequence[int],
+    val_classes: Sequence[int],
+    input_spec: dict,
+    progress: bool = False,
+) -> tuple[ImageDataset, View, View]:
+    """A fold's input pipeline as it trains: the dataset (decoded once and resized to
+    ``image.resize`` when the preset has ``decoded_cache``: the same tensors, no JPEG decoding)
+    and its training and validation views. Both give uint8 CHW images in the trunk's channel
+    order (4× smaller copies), normalised on the device by
+    :func:`~mlrc.data.transforms.batch_to_trunk_input`."""
+    im = p.image
     if p.decoded_cache:
         from mlrc.data.cache import decoded_cache, default_cache_dir
 
-        dataset = decoded_cache(dataset, im.resize, default_cache_dir(), progress=spec.progress)
+        dataset = decoded_cache(dataset, im.resize, default_cache_dir(), progress=progress)
     train_set = View(
         dataset,
-        spec.train_classes,
-        train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, spec_in, uint8=True),
+        train_classes,
+        train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, input_spec, uint8=True),
     )
-    val_set = View(
-        dataset, spec.val_classes, eval_transform(im.resize, im.crop, spec_in, uint8=True)
-    )
+    val_set = View(dataset, val_classes, eval_transform(im.resize, im.crop, input_spec, uint8=True))
     return dataset, train_set, val_set
