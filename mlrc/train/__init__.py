@@ -22,7 +22,7 @@ from mlrc.train.model import (
     load_model,
     untrained_trunk,
 )
-from mlrc.train.setup import FoldParts, build_fold, fold_inputs, loader_options
+from mlrc.train.setup import FoldParts, build_fold, fold_inputs, loader_options, make_loaders
 from mlrc.train.spec import NONFINITE, EpochRecord, FoldResult, FoldSpec, trained_best
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "load_model",
     "fold_inputs",
     "loader_options",
+    "make_loaders",
     "trained_best",
     "train_fold",
     "untrained_trunk",

@@ -86,9 +86,7 @@ def build_fold(spec: FoldSpec) -> FoldParts:
         seed=spec.seed,
         **spec.sampler_params,
     )
-    data_opts = loader_options(p, spec.device)
-    train_loader = DataLoader(IndexedView(train_set), batch_sampler=sampler, **data_opts)
-    val_loader = DataLoader(val_set, batch_size=p.eval_batch_size, **data_opts)
+    train_loader, val_loader = make_loaders(p, train_set, val_set, sampler, spec.device)
     return FoldParts(
         model=model,
         loss_fn=loss_fn,
@@ -103,6 +101,18 @@ def build_fold(spec: FoldSpec) -> FoldParts:
         train_loader=train_loader,
         val_loader=val_loader,
     )
+
+
+def make_loaders(
+    p: Preset, train_set: View, val_set: View, sampler: Any, device: str
+) -> tuple[DataLoader, DataLoader]:
+    """The fold's training loader (``sampler``'s batches of ``train_set``, with each sample's
+    position for memory-bank samplers) and validation loader (``val_set`` in order, batches of
+    ``eval_batch_size``), with the preset's :func:`loader_options`."""
+    data_opts = loader_options(p, device)
+    train_loader = DataLoader(IndexedView(train_set), batch_sampler=sampler, **data_opts)
+    val_loader = DataLoader(val_set, batch_size=p.eval_batch_size, **data_opts)
+    return train_loader, val_loader
 
 
 def make_optimizer(
