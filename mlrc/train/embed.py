@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -45,19 +45,20 @@ class IndexedView(Dataset):
 @torch.no_grad()
 def embed(
     model: Model,
-    dataset: Dataset | DataLoader,
+    dataset: Dataset | Iterable,
     batch_size: int,
     device: str,
     num_workers: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Embeddings (n × d float32, not normalised) and labels of ``dataset``, in order.
-    A ready ``DataLoader`` (e.g. with pinned memory and persistent workers) is used as given."""
+    A ready loader (a ``DataLoader`` or :class:`~mlrc.train.loaders.FoldLoader`, with a
+    ``pin_memory`` attribute) is used as given."""
     model.eval()
     out, labels = [], []
     loader = (
-        dataset
-        if isinstance(dataset, DataLoader)
-        else DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+        DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+        if isinstance(dataset, Dataset)
+        else dataset  # a ready loader: a DataLoader or a FoldLoader
     )
     for x, y in loader:
         x = batch_to_trunk_input(x, model.trunk.input_spec, device, loader.pin_memory)
