@@ -18,6 +18,7 @@ from mlrc.data.base import ImageDataset
 from mlrc.data.transforms import eval_transform, train_transform
 from mlrc.methods import losses, miners, samplers, strategies
 from mlrc.train.embed import IndexedView, View
+from mlrc.train.loaders import FoldLoader
 from mlrc.train.model import Model, build_model
 from mlrc.train.spec import FoldSpec
 
@@ -48,8 +49,8 @@ class FoldParts:
     sampler: Any
     dataset: ImageDataset
     val_set: View
-    train_loader: DataLoader
-    val_loader: DataLoader
+    train_loader: FoldLoader | DataLoader
+    val_loader: FoldLoader | DataLoader
 
 
 def build_fold(spec: FoldSpec) -> FoldParts:
@@ -105,14 +106,23 @@ def build_fold(spec: FoldSpec) -> FoldParts:
 
 def make_loaders(
     p: Preset, train_set: View, val_set: View, sampler: Any, device: str
-) -> tuple[DataLoader, DataLoader]:
+) -> tuple[FoldLoader | DataLoader, FoldLoader | DataLoader]:
     """The fold's training loader (``sampler``'s batches of ``train_set``, with each sample's
     position for memory-bank samplers) and validation loader (``val_set`` in order, batches of
-    ``eval_batch_size``), with the preset's :func:`loader_options`."""
-    data_opts = loader_options(p, device)
-    train_loader = DataLoader(IndexedView(train_set), batch_sampler=sampler, **data_opts)
-    val_loader = DataLoader(val_set, batch_size=p.eval_batch_size, **data_opts)
-    return train_loader, val_loader
+    ``eval_batch_size``), with the preset's :func:`loader_options`. With
+    ``persistent_workers``, each is a :class:`~mlrc.train.loaders.FoldLoader`: its workers
+    live for the whole fold and give the very batches of workers started at every epoch;
+    otherwise a plain ``DataLoader``, started at every ``iter()``."""
+    opts = loader_options(p, device)
+    if opts.pop("persistent_workers"):
+        return (
+            FoldLoader(IndexedView(train_set), batch_sampler=sampler, **opts),
+            FoldLoader(val_set, batch_size=p.eval_batch_size, **opts),
+        )
+    return (
+        DataLoader(IndexedView(train_set), batch_sampler=sampler, **opts),
+        DataLoader(val_set, batch_size=p.eval_batch_size, **opts),
+    )
 
 
 def make_optimizer(
