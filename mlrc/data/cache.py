@@ -28,13 +28,30 @@ temporary name and renamed into place only when complete (data first, index last
 build never leaves a cache that is later trusted; temporary files of dead builds are removed.
 Processes that need the same missing cache at once build it once: the others wait on a lock
 (``.<dataset>-r<resize>-<key>.lock``, an empty file left in place) and then map it.
+
+Evaluation crops: ``eval_crops(ds, resize, crop, cache_dir)`` keeps what the protocol's
+deterministic evaluation transform makes of every image, ``Resize(resize) → CenterCrop(crop)``
+(torchvision's own transforms: identical pixels), as one uint8 ``(n, crop, crop, 3)`` array in
+``<dataset>-eval-r<resize>-c<crop>-<key>.u8`` (index beside it, as above), built by the same
+rules. Given a decoded cache of the same ``resize`` it reads the cached images (``Resize`` leaves
+them as they are: no JPEG is decoded); its key derives from the decoded cache's, so it names the
+same images whichever way it was built. Disk: ``crop² · 3`` bytes per image (≈ 1.8 GB for
+CUB-200-2011 at crop 227). Validation, the test stage and the untrained baseline read these
+crops: evaluating never decodes nor resizes.
+
+Disk said up front: :func:`estimate_cache_bytes` gives both sizes from image headers alone, and a
+build that would leave less than ``DISK_MARGIN`` free on the cache's disk is refused with one
+line (:class:`~mlrc.data.base.DatasetError`) before anything is written.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import io
 import os
 import re
+import shutil
 import socket
 import time
 import uuid
@@ -43,6 +60,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -60,6 +78,7 @@ from mlrc.errors import alive
 R = TypeVar("R")  # what ordered_map's function returns
 
 FORMAT_VERSION = 1
+DISK_MARGIN = 1 << 30  # bytes a build leaves free on the cache's disk, beyond its own size
 STALE_TEMP_S = 24 * 3600  # a temporary file untouched this long is a dead build's, whatever host
 _TEMP = re.compile(r"^\.(?P<final>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]+\.tmp$")
 
@@ -77,39 +96,123 @@ def decoded_cache(
     cache_dir: Path | str,
     progress: bool = True,
     workers: int | None = None,
-) -> ImageDataset:
+) -> CachedImageDataset:
     """``ds`` with every image decoded, ``Resize(resize)``-d (shorter edge = ``resize`` px) and
     memory-mapped from ``cache_dir`` (built there on first use; see the module docstring).
 
     Labels, class names, origins and transform are ``ds``'s; sources are read-only uint8
     ``(H, W, 3)`` views into the mapped file. An undecodable image raises ``DatasetError`` naming
-    its origin, and leaves no cache behind. ``workers`` threads decode while building (default:
-    the CPU count, at most 8); the images are written in order, a few at a time, so building
-    needs little memory whatever the dataset's size.
+    its origin, and leaves no cache behind; so does a disk too small for it (size estimated from
+    the image headers, see :func:`check_room`). ``workers`` threads decode while building
+    (default: the CPU count, at most 8); the images are written in order, a few at a time, so
+    building needs little memory whatever the dataset's size.
     """
     if resize <= 0:
         raise ValueError(f"resize must be a positive number of pixels, not {resize}")
-    cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(cache_dir)
-    data_path, index_path = cache_paths(cache_dir, ds.name, resize, cache_key(ds, resize))
+    key = cache_key(ds, resize)
+    resizer = T.Resize(resize)
+    paths, opened = _ensure(
+        cache_paths(Path(cache_dir), ds.name, resize, key),
+        len(ds),
+        lambda i: np.asarray(resizer(ds.load_image(i))),
+        lambda: estimate_cache_bytes(ds, resize).decoded,
+        f"decoding {ds.name} (resize {resize})",
+        progress,
+        workers,
+    )
+    return CachedImageDataset(ds, *paths, *opened, resize=resize, key=key)
+
+
+def eval_crops(
+    ds: ImageDataset,
+    resize: int,
+    crop: int,
+    cache_dir: Path | str,
+    progress: bool = True,
+    workers: int | None = None,
+) -> EvalCropsDataset:
+    """``ds`` with every image ``Resize(resize) → CenterCrop(crop)``-ed (the protocol's evaluation
+    crop, torchvision's transforms) and memory-mapped from ``cache_dir`` as one uint8
+    ``(n, crop, crop, 3)`` array (built there on first use; see the module docstring).
+
+    ``ds`` may be a decoded cache of the same ``resize`` (its images are read, no JPEG decoded;
+    another ``resize`` is a ``ValueError``) or the original dataset (decoded while building).
+    Labels, class names, origins and transform are ``ds``'s; errors as :func:`decoded_cache`.
+    """
+    if resize <= 0 or crop <= 0:
+        raise ValueError(
+            f"resize and crop must be positive numbers of pixels, not {resize}, {crop}"
+        )
+    if isinstance(ds, CachedImageDataset):
+        if ds.resize != resize:
+            raise ValueError(
+                f"{ds.name}: eval crops at resize {resize} from a decoded cache at resize "
+                f"{ds.resize} would resize twice; give the original dataset"
+            )
+        base_key = ds.key
+    else:
+        base_key = cache_key(ds, resize)
+    key = hashlib.blake2b(
+        f"mlrc-evalcrops/{FORMAT_VERSION}/{crop}/{base_key}".encode(), digest_size=16
+    ).hexdigest()
+    cropper = T.Compose([T.Resize(resize), T.CenterCrop(crop)])
+    paths, opened = _ensure(
+        cache_paths(Path(cache_dir), f"{ds.name}-eval", resize, key, crop),
+        len(ds),
+        lambda i: np.asarray(cropper(pil_image(ds, i))),
+        lambda: len(ds) * crop * crop * 3 + _index_bytes(len(ds)),
+        f"cropping {ds.name} (resize {resize}, crop {crop})",
+        progress,
+        workers,
+    )
+    return EvalCropsDataset(ds, *paths, *opened, resize=resize, key=key, crop=crop)
+
+
+def _ensure(
+    paths: tuple[Path, Path],
+    n: int,
+    make: Callable[[int], np.ndarray],
+    needed: Callable[[], int],
+    desc: str,
+    progress: bool,
+    workers: int | None,
+) -> tuple[tuple[Path, Path], tuple[np.ndarray, np.ndarray]]:
+    """Open the cache at ``paths``, building it first (under its lock, after checking that
+    ``needed()`` bytes fit on its disk) from ``make(i)`` for i < ``n`` if it is missing."""
+    data_path, index_path = paths
+    data_path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(data_path.parent)
     opened = _open(data_path, index_path)
     if opened is None:
         with _build_lock(data_path.with_name(f".{data_path.stem}.lock")):
             opened = _open(data_path, index_path)  # built by another process while we waited?
             if opened is None:
-                _build(ds, resize, data_path, index_path, progress, workers)
+                check_room(data_path.parent, needed())
+                _build(n, make, desc, data_path, index_path, progress, workers)
                 opened = _open(data_path, index_path)
         if opened is None:
             raise DatasetError(f"{data_path}: decoded cache unreadable right after building it")
-    return CachedImageDataset(ds, data_path, index_path, *opened)
+    return paths, opened
+
+
+def pil_image(ds: ImageDataset, i: int) -> Image.Image:
+    """Sample i of ``ds`` as an RGB PIL image, whatever :meth:`CachedImageDataset.as_arrays`."""
+    return (
+        ImageDataset.load_image(ds, i) if isinstance(ds, CachedImageDataset) else ds.load_image(i)
+    )
 
 
 class CachedImageDataset(ImageDataset):
-    """An ``ImageDataset`` whose sources are views into a decoded cache's memory-mapped file.
+    """An ``ImageDataset`` whose sources are views into a decoded cache's memory-mapped file
+    (images resized to ``resize``; ``key`` names the cache).
 
-    Pickles small (the file paths, not the pixels): a spawned DataLoader worker maps the file
-    again instead of receiving a copy of every image."""
+    ``load_image`` gives RGB PIL images as any dataset's; :meth:`as_arrays` gives the same
+    dataset whose ``load_image`` returns the read-only uint8 ``(H, W, 3)`` view itself (no copy,
+    no PIL), for the transforms made for arrays (:mod:`mlrc.data.transforms`). Pickles small
+    (the file paths, not the pixels): a spawned DataLoader worker maps the file again instead of
+    receiving a copy of every image."""
+
+    arrays = False
 
     def __init__(
         self,
@@ -118,11 +221,24 @@ class CachedImageDataset(ImageDataset):
         index_path: Path,
         data: np.ndarray,
         index: np.ndarray,
+        resize: int = 0,
+        key: str = "",
     ) -> None:
         super().__init__(
             ds.name, _views(data, index), ds.labels, ds.class_names, ds.origins, ds.transform
         )
         self.cache_files = (data_path, index_path)
+        self.resize, self.key = resize, key
+
+    def load_image(self, i: int) -> Image.Image | np.ndarray:
+        """Sample i as an RGB PIL image, or (:meth:`as_arrays`) its uint8 HWC view."""
+        return self.sources[i] if self.arrays else super().load_image(i)
+
+    def as_arrays(self) -> CachedImageDataset:
+        """This dataset with ``load_image`` giving the uint8 ``(H, W, 3)`` views themselves."""
+        other = copy.copy(self)
+        other.arrays = True
+        return other
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "sources": None}
@@ -135,6 +251,92 @@ class CachedImageDataset(ImageDataset):
         self.sources = _views(*opened)
 
 
+class EvalCropsDataset(CachedImageDataset):
+    """A dataset's evaluation crops (:func:`eval_crops`): every source a read-only uint8
+    ``(crop, crop, 3)`` view of ``Resize(resize) → CenterCrop(crop)`` of the original image."""
+
+    def __init__(
+        self,
+        ds: ImageDataset,
+        data_path: Path,
+        index_path: Path,
+        data: np.ndarray,
+        index: np.ndarray,
+        resize: int = 0,
+        key: str = "",
+        crop: int = 0,
+    ) -> None:
+        super().__init__(ds, data_path, index_path, data, index, resize, key)
+        self.crop = crop
+
+
+@dataclass(frozen=True)
+class CacheEstimate:
+    """Bytes on disk of a dataset's decoded cache and evaluation crops (files, index included)."""
+
+    decoded: int
+    eval_crops: int
+
+    @property
+    def total(self) -> int:
+        return self.decoded + self.eval_crops
+
+
+def estimate_cache_bytes(ds: ImageDataset, resize: int, crop: int | None = None) -> CacheEstimate:
+    """What :func:`decoded_cache` at ``resize`` and :func:`eval_crops` at (``resize``, ``crop``)
+    write for ``ds``, from image headers only (no pixel decoded; arrays by their shape):
+    ``H' · W' · 3`` per image, ``(H', W')`` the size ``Resize(resize)`` gives (shorter edge
+    ``resize``, longer ``⌊resize · long / short⌋``: ≈ ``resize² · aspect · 3``), plus
+    ``crop² · 3`` per image (0 without ``crop``). An unreadable header is a ``DatasetError``."""
+    decoded = 0
+    for source, origin in zip(ds.sources, ds.origins, strict=True):
+        w, h = image_size(source, origin)
+        short, long = min(w, h), max(w, h)
+        decoded += resize * int(resize * long / short) * 3  # torchvision's Resize(int) sizes
+    crops = len(ds) * crop * crop * 3 + _index_bytes(len(ds)) if crop else 0
+    return CacheEstimate(decoded + _index_bytes(len(ds)), crops)
+
+
+def image_size(source: Source, origin: str) -> tuple[int, int]:
+    """(width, height) of one image from its header (arrays: their shape)."""
+    if isinstance(source, np.ndarray):
+        return int(source.shape[1]), int(source.shape[0])
+    fp = io.BytesIO(source) if isinstance(source, bytes) else source
+    try:
+        with Image.open(fp) as im:
+            return im.size
+    except FileNotFoundError:
+        raise DatasetError(f"{origin}: image file is missing") from None
+    except (OSError, ValueError, SyntaxError) as e:
+        raise DatasetError(f"{origin}: unreadable or corrupt image ({e})") from None
+
+
+def free_bytes(folder: Path) -> int:
+    """Free bytes on the disk holding ``folder`` (for the unprivileged user)."""
+    return shutil.disk_usage(folder).free
+
+
+def check_room(folder: Path, needed: int) -> None:
+    """Refuse (``DatasetError``, one line) a cache of ``needed`` bytes in ``folder`` when its
+    disk has less than ``needed + DISK_MARGIN`` free."""
+    free = free_bytes(folder)
+    if free < needed + DISK_MARGIN:
+        raise DatasetError(
+            f"{folder}: not enough disk for the decoded image cache ({gib(needed)} needed "
+            f"+ {gib(DISK_MARGIN)} margin, {gib(free)} free): set MLRC_CACHE to a bigger disk "
+            "or decoded_cache: false"
+        )
+
+
+def gib(n: int) -> str:
+    """``n`` bytes in GiB, as people read it (``3.1 GiB``)."""
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def _index_bytes(n: int) -> int:
+    return 128 + n * 3 * 8  # an .npy header and int64 (n, 3)
+
+
 def cache_key(ds: ImageDataset, resize: int) -> str:
     """Hex digest naming the cache of ``ds`` at ``resize`` (see the module docstring)."""
     h = hashlib.blake2b(digest_size=16)
@@ -145,9 +347,12 @@ def cache_key(ds: ImageDataset, resize: int) -> str:
     return h.hexdigest()
 
 
-def cache_paths(cache_dir: Path, name: str, resize: int, key: str) -> tuple[Path, Path]:
-    """(data file, index file) of one cache."""
-    stem = f"{re.sub(r'[^A-Za-z0-9_-]+', '_', name)}-r{resize}-{key}"
+def cache_paths(
+    cache_dir: Path, name: str, resize: int, key: str, crop: int | None = None
+) -> tuple[Path, Path]:
+    """(data file, index file) of one cache (``crop``: of evaluation crops)."""
+    size = f"r{resize}" if crop is None else f"r{resize}-c{crop}"
+    stem = f"{re.sub(r'[^A-Za-z0-9_-]+', '_', name)}-{size}-{key}"
     return cache_dir / f"{stem}.u8", cache_dir / f"{stem}.index.npy"
 
 
@@ -197,8 +402,9 @@ def _build_lock(path: Path) -> Iterator[None]:
 
 
 def _build(
-    ds: ImageDataset,
-    resize: int,
+    n: int,
+    make: Callable[[int], np.ndarray],
+    desc: str,
     data_path: Path,
     index_path: Path,
     progress: bool,
@@ -208,7 +414,8 @@ def _build(
     tmp_data, tmp_index = _temp_name(data_path), _temp_name(index_path)
     try:
         with open(tmp_data, "wb") as f:
-            index = _write_images(ds, resize, f, progress, workers or min(8, os.cpu_count() or 1))
+            threads = workers or min(8, os.cpu_count() or 1)
+            index = _write_images(n, make, f, desc, progress, threads)
             f.flush()
             os.fsync(f.fileno())
         with open(tmp_index, "wb") as f:
@@ -223,27 +430,24 @@ def _build(
 
 
 def _write_images(
-    ds: ImageDataset, resize: int, f: BinaryIO, progress: bool, threads: int
+    n: int,
+    make: Callable[[int], np.ndarray],
+    f: BinaryIO,
+    desc: str,
+    progress: bool,
+    threads: int,
 ) -> np.ndarray:
-    """Append each image, ``Resize(resize)``-d, to ``f``; returns the (n, 3) index."""
-    resizer = T.Resize(resize)
-    index = np.zeros((len(ds), 3), dtype=np.int64)
+    """Append ``make(i)`` (uint8 H × W × 3) for each i < ``n`` to ``f``; returns the (n, 3)
+    index."""
+    index = np.zeros((n, 3), dtype=np.int64)
     offset = 0
     # open_image's warnings.catch_warnings is not thread-safe: racing threads may restore one
     # another's filter lists. Every list they see holds this outer "error" filter, and leaving
     # this block restores the caller's filters whatever the interleaving.
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
-        images = ordered_map(
-            lambda i: np.asarray(resizer(ds.load_image(i))), range(len(ds)), threads
-        )
-        bar = tqdm(
-            images,
-            total=len(ds),
-            desc=f"decoding {ds.name} (resize {resize})",
-            unit="img",
-            disable=not progress,
-        )
+        images = ordered_map(make, range(n), threads)
+        bar = tqdm(images, total=n, desc=desc, unit="img", disable=not progress)
         for i, a in enumerate(bar):
             f.write(np.ascontiguousarray(a, dtype=np.uint8).data)
             index[i] = offset, a.shape[0], a.shape[1]

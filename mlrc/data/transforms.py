@@ -1,10 +1,28 @@
-"""Image transforms of the protocol, adapted to the trunk's input convention."""
+"""Image transforms of the protocol, adapted to the trunk's input convention.
+
+Two families give the same tensors (bit for bit, tested against torchvision):
+
+* :func:`train_transform` / :func:`eval_transform`: torchvision's chains on PIL images, for any
+  dataset (``Resize → RandomResizedCrop → flip`` and ``Resize → CenterCrop``);
+* for a decoded cache's uint8 HWC arrays (:mod:`mlrc.data.cache`): :class:`CachedTrainTransform`
+  (images already resized: the same torch RNG draws, the crop sliced in numpy so only the crop
+  region becomes a PIL image, the flip and channel swap on the uint8 tensor) and
+  :class:`ArrayToUint8Input` (the evaluation crops, already cropped: only the layout step).
+
+Why the crop's resize stays in PIL: torchvision's uint8 *tensor* ``resized_crop`` (bilinear,
+``antialias=True``) is not bit-identical to PIL's bilinear resize (it rounds differently: pixels
+differ by 1–2 levels), so it would change a fold's numbers; ``tests/test_input_pipeline.py::
+test_uint8_tensor_resize_is_not_pil_so_training_crops_stay_in_pil`` decides this, and fails if a
+later torchvision makes them equal.
+"""
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
+from PIL import Image
 from torchvision import transforms as T
 from torchvision.transforms import functional as F
 
@@ -34,6 +52,72 @@ class ToUint8Input:
     def __call__(self, pic: object) -> torch.Tensor:
         x = F.pil_to_tensor(pic)
         return x.flip(0) if self.bgr else x
+
+
+class ArrayToUint8Input:
+    """uint8 ``(H, W, 3)`` RGB image (a cache's array view, or a PIL image) → uint8 CHW tensor in
+    the trunk's channel order: :class:`ToUint8Input`'s tensor (same values, same strides: a
+    permuted view of an HWC copy) with no PIL image made of an array."""
+
+    def __init__(self, spec: dict) -> None:
+        self.bgr = bool(spec["bgr"])
+
+    def __call__(self, pic: object) -> torch.Tensor:
+        x = hwc_to_chw(pic)
+        return x.flip(0) if self.bgr else x
+
+
+def hwc_to_chw(pic: object) -> torch.Tensor:
+    """uint8 ``(H, W, 3)`` array or RGB PIL image → uint8 ``(3, H, W)`` tensor, as
+    ``pil_to_tensor`` makes it (a copy, permuted)."""
+    return torch.from_numpy(np.array(pic, dtype=np.uint8, copy=True)).permute(2, 0, 1)
+
+
+class CachedTrainTransform:
+    """``train_transform(resize, crop, scale, ratio, flip, spec, uint8=True)`` for images already
+    ``Resize(resize)``-d (a decoded cache's uint8 HWC arrays; PIL images are accepted too):
+    bit-identical tensors, leaving the torch RNG in the same state.
+
+    ``Resize`` leaves such an image as it is, so it is skipped; then the same draws in the same
+    order (``RandomResizedCrop.get_params``, then the flip's ``torch.rand(1) < 0.5``), the crop
+    sliced in numpy (only the crop region becomes a PIL image), resized by PIL exactly as
+    torchvision's PIL path does (``img.resize((w, h), BILINEAR)``, skipped when the crop already
+    has the output size), flipped and channel-swapped on the uint8 pixels in the one copy that
+    makes the tensor. An image whose
+    shorter edge is not ``resize`` is a ``ValueError`` (it would need the resize)."""
+
+    def __init__(
+        self,
+        resize: int,
+        crop: int,
+        scale: tuple[float, float],
+        ratio: tuple[float, float],
+        flip: bool,
+        spec: dict,
+    ) -> None:
+        self.resize, self.flip, self.bgr = resize, flip, bool(spec["bgr"])
+        self.rrc = T.RandomResizedCrop(crop, scale=tuple(scale), ratio=tuple(ratio))
+        self.pil_interpolation = F.pil_modes_mapping[self.rrc.interpolation]
+
+    def __call__(self, pic: object) -> torch.Tensor:
+        a = np.asarray(pic)
+        height, width = a.shape[:2]
+        if min(height, width) != self.resize:
+            raise ValueError(
+                f"CachedTrainTransform: image of {width}x{height} px, not resized to {self.resize}"
+            )
+        shape_only = torch.empty(()).expand(3, height, width)  # what get_params reads: the size
+        i, j, h, w = self.rrc.get_params(shape_only, self.rrc.scale, self.rrc.ratio)
+        out_h, out_w = self.rrc.size
+        im = Image.fromarray(a[i : i + h, j : j + w])  # = PIL's crop((j, i, j + w, i + h))
+        if (h, w) != (out_h, out_w):  # torchvision returns an image of the right size as it is
+            im = im.resize((out_w, out_h), self.pil_interpolation)
+        out = np.asarray(im)
+        if self.flip and torch.rand(1) < 0.5:  # RandomHorizontalFlip(0.5)'s draw
+            out = out[:, ::-1]
+        if self.bgr:
+            out = out[..., ::-1]
+        return hwc_to_chw(out)  # one copy: flipped, swapped, laid out as pil_to_tensor's
 
 
 def to_trunk_input(x: torch.Tensor, spec: dict) -> torch.Tensor:
@@ -87,6 +171,18 @@ def train_transform(
 def eval_transform(resize: int, crop: int, input_spec: dict, uint8: bool = False) -> T.Compose:
     """Resize(resize) → CenterCrop(crop) → trunk input (``uint8``: as in train_transform)."""
     return T.Compose([T.Resize(resize), T.CenterCrop(crop)] + _tail(input_spec, uint8))
+
+
+def cached_train_transform(
+    resize: int,
+    crop: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    flip: bool,
+    input_spec: dict,
+) -> CachedTrainTransform:
+    """:func:`train_transform` (``uint8=True``) for a decoded cache's arrays: the same tensors."""
+    return CachedTrainTransform(resize, crop, scale, ratio, flip, input_spec)
 
 
 def _tail(spec: dict, uint8: bool) -> list:

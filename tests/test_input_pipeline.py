@@ -1,0 +1,208 @@
+"""The fast input pipeline gives torchvision's pixels: evaluation crops computed once, the
+cached-array training transform, the disk a cache takes said (and checked) up front."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from test_cache import SIZES, files, jpeg_dataset, photo
+from torchvision import transforms as T
+from torchvision.transforms import functional as F
+
+from mlrc import data
+from mlrc.data import cache
+from mlrc.data.base import DatasetError, ImageDataset
+from mlrc.data.cache import decoded_cache, estimate_cache_bytes, eval_crops
+from mlrc.data.transforms import (
+    ArrayToUint8Input,
+    ToUint8Input,
+    cached_train_transform,
+    train_transform,
+)
+
+BGR = {"mean": [104.0, 117.0, 128.0], "std": [1.0, 1.0, 1.0], "input_range": 255, "bgr": True}
+RGB = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "input_range": 1, "bgr": False}
+
+
+def torchvision_crop(ds: ImageDataset, i: int, resize: int, crop: int) -> np.ndarray:
+    """The reference: torchvision's Resize → CenterCrop on the original image."""
+    return np.asarray(T.CenterCrop(crop)(T.Resize(resize)(ds.load_image(i))))
+
+
+# --- evaluation crops ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("resize", "crop"), [(256, 227), (64, 80)])  # 80 > 64: CenterCrop pads
+def test_eval_crops_are_torchvisions_center_crops(tmp_path, resize, crop):
+    ds = jpeg_dataset(tmp_path / "img")
+    from_originals = eval_crops(ds, resize, crop, tmp_path / "a", progress=False, workers=2)
+    cached = decoded_cache(ds, resize, tmp_path / "b", progress=False)
+    from_cache = eval_crops(cached.as_arrays(), resize, crop, tmp_path / "b", progress=False)
+    for crops in (from_originals, from_cache):
+        assert crops.labels.tolist() == ds.labels.tolist() and crops.origins == ds.origins
+        for i in range(len(ds)):
+            expected = torchvision_crop(ds, i, resize, crop)
+            assert crops.sources[i].shape == (crop, crop, 3)
+            assert np.array_equal(crops.sources[i], expected), i
+            assert np.array_equal(np.asarray(crops.load_image(i)), expected)  # PIL by default
+    # the same images, the same key, whichever way the crops were built
+    assert [p.name for p in from_originals.cache_files] == [p.name for p in from_cache.cache_files]
+
+
+def test_eval_crops_of_arrays_and_bytes_sources(tmp_path):
+    glyphs = data.build("glyphs")
+    picked = np.flatnonzero(glyphs.labels < 2)
+    arrays = ImageDataset(
+        "glyphs", [glyphs.sources[i] for i in picked], glyphs.labels[picked], ["a", "b"]
+    )
+    jpegs = jpeg_dataset(tmp_path / "img", SIZES[:3])
+    zipped = ImageDataset("zipped", [Path(p).read_bytes() for p in jpegs.sources], [0, 1, 0], "ab")
+    for ds in (arrays, zipped):
+        crops = eval_crops(ds, 36, 32, tmp_path / "c", progress=False)
+        for i in range(len(ds)):
+            assert np.array_equal(crops.sources[i], torchvision_crop(ds, i, 36, 32)), (ds.name, i)
+
+
+def test_eval_crops_built_once_new_key_for_a_changed_file(tmp_path, monkeypatch):
+    builds: list[int] = []
+    real = cache._build
+    monkeypatch.setattr(cache, "_build", lambda *a, **k: (builds.append(1), real(*a, **k))[1])
+    ds = jpeg_dataset(tmp_path / "img", SIZES[:3])
+    first = eval_crops(ds, 64, 56, tmp_path / "c", progress=False)
+    again = eval_crops(ds, 64, 56, tmp_path / "c", progress=False)
+    assert len(builds) == 1 and again.cache_files == first.cache_files
+    assert re.fullmatch(r"cub-like-eval-r64-c56-[0-9a-f]{32}\.u8", first.cache_files[0].name)
+    eval_crops(ds, 64, 48, tmp_path / "c", progress=False)  # another crop: other crops
+    assert len(builds) == 2
+    photo(Path(ds.sources[1]), SIZES[1], seed=99)  # new content
+    changed = eval_crops(ds, 64, 56, tmp_path / "c", progress=False)
+    assert len(builds) == 3 and changed.cache_files[0] != first.cache_files[0]
+    assert np.array_equal(changed.sources[1], torchvision_crop(ds, 1, 64, 56))
+    assert not np.array_equal(changed.sources[1], first.sources[1])
+    assert len(files(tmp_path / "c")) == 6  # three crops, data + index each; the old one kept
+
+
+def test_eval_crops_pickle_small_and_refuse_a_cache_of_another_resize(tmp_path):
+    ds = jpeg_dataset(tmp_path / "img", SIZES[:4])
+    crops = eval_crops(ds, 256, 227, tmp_path / "c", progress=False).as_arrays()
+    blob = pickle.dumps(crops)
+    assert len(blob) < 10_000 < sum(a.nbytes for a in crops.sources)
+    copy = pickle.loads(blob)
+    assert copy.arrays and isinstance(copy.load_image(0), np.ndarray)
+    assert all(np.array_equal(a, b) for a, b in zip(copy.sources, crops.sources, strict=True))
+    cached = decoded_cache(ds, 64, tmp_path / "c", progress=False)
+    with pytest.raises(ValueError, match="resize twice"):
+        eval_crops(cached, 256, 227, tmp_path / "c", progress=False)
+
+
+@pytest.mark.parametrize("spec", [BGR, RGB])
+def test_array_input_is_to_uint8_input(spec):
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 256, (31, 29, 3), dtype=np.uint8)
+    expected = ToUint8Input(spec)(Image.fromarray(a))
+    for pic in (a, Image.fromarray(a)):
+        got = ArrayToUint8Input(spec)(pic)
+        assert torch.equal(got, expected) and got.stride() == expected.stride()
+
+
+# --- the training transform on cached arrays -----------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", [BGR, RGB])
+@pytest.mark.parametrize("flip", [True, False])
+def test_cached_train_transform_is_bit_identical_to_torchvision(tmp_path, spec, flip):
+    """Same tensors (values and strides) and the same torch RNG state after each call as
+    ``train_transform(..., uint8=True)`` on the cached images, for many seeds and shapes."""
+    sizes = [*SIZES, (227, 300), (300, 227), (260, 260)]  # incl. images the crop fills exactly
+    ds = jpeg_dataset(tmp_path / "img", sizes)
+    for resize, crop, scale in (
+        (256, 227, (0.16, 1.0)),
+        (240, 227, (0.9, 1.0)),
+        (64, 48, (0.08, 1.0)),
+    ):
+        cached = decoded_cache(ds, resize, tmp_path / "c", progress=False)
+        args = (resize, crop, scale, (0.75, 1.33), flip, spec)
+        reference, fast = train_transform(*args, uint8=True), cached_train_transform(*args)
+        for i in range(len(ds)):
+            for seed in range(12):
+                torch.manual_seed(seed)
+                expected = reference(cached.load_image(i))
+                state = torch.get_rng_state()
+                torch.manual_seed(seed)
+                got = fast(cached.as_arrays().load_image(i))
+                assert torch.equal(got, expected), (resize, i, seed)
+                assert got.stride() == expected.stride()
+                assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_cached_train_transform_refuses_an_image_not_resized():
+    fast = cached_train_transform(256, 227, (0.16, 1.0), (0.75, 1.33), True, BGR)
+    with pytest.raises(ValueError, match="not resized to 256"):
+        fast(np.zeros((300, 400, 3), dtype=np.uint8))
+
+
+def test_uint8_tensor_resize_is_not_pil_so_training_crops_stay_in_pil(tmp_path):
+    """Decides where the training crop's resize runs: torchvision's uint8 tensor
+    ``resized_crop`` (bilinear, antialias) is NOT PIL's bilinear resize bit for bit, so
+    ``CachedTrainTransform`` resizes in PIL. If this fails, a torchvision release made them
+    equal: the resize may then move to uint8 tensors (and to the device) at no cost in numbers."""
+    ds = jpeg_dataset(tmp_path / "img", SIZES[:3])
+    differ, max_diff = 0, 0
+    for i in range(len(ds)):
+        im = T.Resize(256)(ds.load_image(i))
+        x = F.pil_to_tensor(im)
+        for seed in range(5):
+            torch.manual_seed(seed)
+            top, left, h, w = T.RandomResizedCrop.get_params(im, (0.16, 1.0), (0.75, 1.33))
+            pil = F.pil_to_tensor(F.resized_crop(im, top, left, h, w, [227, 227]))
+            tensor = F.resized_crop(x, top, left, h, w, [227, 227], antialias=True)
+            assert tensor.dtype == torch.uint8 and tensor.shape == pil.shape
+            differ += not torch.equal(tensor, pil)
+            max_diff = max(max_diff, int((tensor.int() - pil.int()).abs().max()))
+    assert differ > 0 and max_diff >= 1, "uint8 tensor resize now equals PIL's: see docstring"
+
+
+# --- disk said up front --------------------------------------------------------------------------
+
+
+def test_estimate_is_the_bytes_the_caches_write(tmp_path):
+    jpegs = jpeg_dataset(tmp_path / "img")
+    zipped = ImageDataset(
+        "zipped", [Path(p).read_bytes() for p in jpegs.sources], jpegs.labels, "ab"
+    )
+    glyphs = data.build("glyphs")
+    for ds, resize, crop in ((jpegs, 256, 227), (zipped, 100, 90), (glyphs, 36, 32)):
+        est = estimate_cache_bytes(ds, resize, crop)
+        out = tmp_path / f"c-{ds.name}"
+        cached = decoded_cache(ds, resize, out, progress=False)
+        crops = eval_crops(cached, resize, crop, out, progress=False)
+        written = [os.path.getsize(p) for p in (*cached.cache_files, *crops.cache_files)]
+        assert est.decoded == sum(written[:2]) and est.eval_crops == sum(written[2:]), ds.name
+        assert est.total == sum(written)
+    assert estimate_cache_bytes(jpegs, 256).eval_crops == 0
+
+
+def test_a_cache_that_would_not_fit_is_refused_in_one_line(tmp_path, monkeypatch):
+    ds = jpeg_dataset(tmp_path / "img", SIZES[:3])
+    need = estimate_cache_bytes(ds, 64).decoded
+    monkeypatch.setattr(cache, "free_bytes", lambda folder: need + cache.DISK_MARGIN - 1)
+    with pytest.raises(DatasetError) as e:
+        decoded_cache(ds, 64, tmp_path / "c", progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and str(tmp_path / "c") in msg
+    assert "set MLRC_CACHE to a bigger disk or decoded_cache: false" in msg
+    assert "needed" in msg and "free" in msg
+    assert files(tmp_path / "c") == []  # nothing written
+    monkeypatch.setattr(cache, "free_bytes", lambda folder: need + cache.DISK_MARGIN)
+    decoded_cache(ds, 64, tmp_path / "c", progress=False)  # just fits
+    crop_need = estimate_cache_bytes(ds, 64, 56).eval_crops
+    monkeypatch.setattr(cache, "free_bytes", lambda folder: crop_need + cache.DISK_MARGIN - 1)
+    with pytest.raises(DatasetError, match="not enough disk"):
+        eval_crops(ds, 64, 56, tmp_path / "c", progress=False)
