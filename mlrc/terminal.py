@@ -224,7 +224,23 @@ def print_status_by_name(engine, name: str) -> None:
         )
     if is_traditional(st.config):
         console.print(TRADITIONAL_NOTE, soft_wrap=True, highlight=False, markup=False)
+    print_compute([f.provenance for f in folds_run if f.status == "complete"])
     print_budget(engine, st)
+
+
+def print_compute(provenances: list) -> None:
+    """One line: what computed the study's complete fold runs (device, CUDA/cuDNN, TF32,
+    deterministic; :mod:`mlrc.store.provenance`) and what differs between them; nothing when
+    none recorded it (runs before schema 7)."""
+    from mlrc.store.provenance import compute_of
+
+    compute = compute_of(provenances)
+    if not compute.kinds:
+        return
+    mixed = f" — mixed {', '.join(compute.mixed)}" if compute.mixed else ""
+    console.print(
+        f"computed on: {compute.text()}{mixed}", soft_wrap=True, highlight=False, markup=False
+    )
 
 
 def print_budget(engine, st) -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "Cell",
     "Row",
     "block_columns",
+    "compute_notes",
     "legend",
     "metric_label",
     "notes",
@@ -123,6 +124,8 @@ class Block:
     traditional: bool = False  # its epoch chosen on the test set: rows marked §, own columns
     threads: list[tuple[str, str]] = field(default_factory=list)  # (row label, "1, 2")
     untrained: list[str] = field(default_factory=list)  # row labels: every test fold at epoch 0
+    # (row label, what computed its folds, what differs between them) of rows that recorded it
+    compute: list[tuple[str, str, str]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -147,6 +150,7 @@ class _BlockNotes:
     history: list[tuple[str, str]] = field(default_factory=list)
     threads: list[tuple[str, str]] = field(default_factory=list)  # (row label, "1, 2")
     untrained: list[str] = field(default_factory=list)
+    compute: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def _study_row(
@@ -166,6 +170,8 @@ def _study_row(
         acc.threads.append((label, first["fold_threads"]))
     if first["untrained_test"]:
         acc.untrained.append(label)
+    if first["fold_compute"]:
+        acc.compute.append((label, first["fold_compute"], first["mixed_compute"]))
     if first["pruner"] != "none":
         label = f"{label} {DDAGGER}"
     if first["test_set_selection"]:
@@ -238,6 +244,7 @@ def _block(dataset: str, protocol: str, d: pd.DataFrame) -> Block:
         traditional,
         threads=acc.threads,
         untrained=acc.untrained,
+        compute=acc.compute,
     )
 
 
@@ -288,6 +295,7 @@ def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
                 f"({counts}); float sums differ between counts, so its numbers are not those "
                 "of one count."
             )
+    out += compute_notes(blocks)
     for b in blocks:
         for label, zeros, done in b.nonfinite:
             out.append(f"{label} ({b.name}): {zeros} of {done} complete trials {NONFINITE_NOTE}.")
@@ -301,6 +309,29 @@ def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
         for r in b.rows:  # failed trials and test folds, with the reason each failed with
             if not r.baseline and failures.get(r.study):
                 out.append(f"{r.label} ({b.name}): {failures[r.study]}.")
+    return out
+
+
+def compute_notes(blocks: list[Block]) -> list[str]:
+    """What computed each block's folds (one note for the block when all its rows agree, else
+    one per row), then a note per row whose folds ran on devices or settings that differ
+    (GPU models, TF32, …): its numbers are not those of one device."""
+    out = []
+    for b in blocks:
+        texts = {text for _, text, _ in b.compute}
+        if len(texts) == 1 and len(b.compute) > 1:
+            out.append(f"{b.name}: folds computed on {texts.pop()}.")
+        else:
+            out += [
+                f"{label} ({b.name}): folds computed on {text}." for label, text, _ in b.compute
+            ]
+    for b in blocks:
+        for label, _, mixed in b.compute:
+            if mixed:
+                out.append(
+                    f"{label} ({b.name}): its folds ran on different {mixed}; float results "
+                    "differ between them, so its numbers are not those of one device."
+                )
     return out
 
 

@@ -72,6 +72,8 @@ def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
         "nonfinite_trials": pd.NA,
         "budget_history": "",
         "fold_threads": "",
+        "fold_compute": "",
+        "mixed_compute": "",
         "test_set_selection": False,
         "failed_trials": pd.NA,
         "failures": "",

@@ -21,6 +21,7 @@ from mlrc.report.protocols import (
     protocol_of,
 )
 from mlrc.store import METRIC_COLUMNS, NONFINITE, reads
+from mlrc.store.provenance import compute_of
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -54,6 +55,8 @@ META_COLUMNS = [
     "nonfinite_trials",  # complete trials scored 0 for a non-finite loss or embeddings
     "budget_history",  # "search.trials 50 → 70 (2026-11-24)"; … when its budgets changed, or ""
     "fold_threads",  # "1, 2" when its folds ran with several torch thread counts, or ""
+    "fold_compute",  # what computed its folds: "NVIDIA H100 … (CUDA 13.0, …, TF32 off, …)", or ""
+    "mixed_compute",  # what differs between its folds' devices: "GPU models, TF32 settings", or ""
     "test_set_selection",  # traditional protocol: the epoch chosen on the test classes (leakage)
     "archived",  # archived by ``study run --force-new`` (NAME.old-K): shown, never compared
     "untrained_test",  # every complete test fold kept epoch 0, the untrained model
@@ -316,6 +319,8 @@ def _baseline_rows(
                         "nonfinite_trials": None,
                         "budget_history": "",
                         "fold_threads": "",
+                        "fold_compute": "",
+                        "mixed_compute": "",
                         "test_set_selection": False,  # untrained: no epoch chosen
                         "archived": False,
                         "untrained_test": False,
@@ -386,9 +391,11 @@ def _study_meta(
     history: dict[int, list[Any]],
     threads: dict[int, list[int]],
     test_epochs: dict[int, tuple[int, int]],
+    provenance: dict[int, list[dict | None]] | None = None,
 ) -> dict[int, dict[str, Any]]:
     """Per study id, its :data:`META_COLUMNS`."""
     complete, nonfinite = counts
+    compute = {k: compute_of(v) for k, v in (provenance or {}).items()}
     return {
         st.id: {
             "baseline": False,
@@ -399,6 +406,8 @@ def _study_meta(
             "nonfinite_trials": nonfinite[st.id],
             "budget_history": budget_history(history.get(st.id, [])),
             "fold_threads": fold_threads(threads.get(st.id, [])),
+            "fold_compute": compute[st.id].text() if st.id in compute else "",
+            "mixed_compute": ", ".join(compute[st.id].mixed) if st.id in compute else "",
             "test_set_selection": g.traditional,
             "archived": reads.archived_of(st.name) is not None,
             "untrained_test": _untrained(test_epochs.get(st.id)),
@@ -430,7 +439,9 @@ def collect(
     groups = _protocol_groups(sorted(found.values(), key=lambda st: rank[st.name]))
     group_of = {st.id: g for g in groups for st in g.studies}
     counts = _trial_counts(data.trial_reasons, list(found))
-    meta = _study_meta(groups, counts, data.history, data.fold_threads, data.test_epochs)
+    meta = _study_meta(
+        groups, counts, data.history, data.fold_threads, data.test_epochs, data.fold_provenance
+    )
     for study_id, m in meta.items():  # failed trials and test folds, with their reasons
         m.update(failure_columns(data.failures.get(study_id, [])))
     rows = _study_rows(data.results, group_of, rank, meta)

@@ -128,6 +128,7 @@ def stored_result(ctx: Context, job: FoldJob) -> FoldResult | None:
         objective=row.map_at_r if row.objective is None else row.objective,
         device=row.device,
         code_version=row.code_version,
+        provenance=row.provenance,
     )
 
 
@@ -209,5 +210,6 @@ def record_result(ctx: Context, job: FoldJob, res: FoldResult) -> None:
         wall_time_s=res.wall_time_s,
         device=res.device,  # provenance: the run that computed it (adopted or not)
         code_version=res.code_version,
+        provenance=res.provenance,  # its device's name, CUDA/cuDNN, TF32, deterministic
         **{k: best.get(k) for k in store.METRIC_COLUMNS},
     )

@@ -42,6 +42,7 @@ REVISIONS = {
     4: "schema_4",
     5: "schema_5",
     6: "schema_6",
+    7: "schema_7",
 }  # mlrc_meta.schema_version -> Alembic revision
 HEAD = REVISIONS[SCHEMA_VERSION]
 MIGRATIONS = Path(__file__).with_name("migrations")  # env.py and versions/, package data

@@ -106,6 +106,8 @@ class TableInputs:
     test_epochs: dict[int, tuple[int, int]] = field(default_factory=dict)
     # study id -> the torch thread counts its complete fold runs recorded (several: say so)
     fold_threads: dict[int, list[int]] = field(default_factory=dict)
+    # study id -> the provenance of each complete fold run (None: recorded before schema 7)
+    fold_provenance: dict[int, list[dict | None]] = field(default_factory=dict)
     # study id -> "trial 0 failed: reason", "reproduction 2, fold 0 failed: reason" (in order)
     failures: dict[int, list[str]] = field(default_factory=dict)
 
@@ -125,6 +127,7 @@ def table_inputs(engine: Engine, names: list[str]) -> TableInputs:
             history=_history(s, ids),
             test_epochs=_test_epochs(s, ids),
             fold_threads=_fold_threads(s, ids),
+            fold_provenance=_fold_provenances(s, ids),
             failures=_failures(s, ids),
         )
 
@@ -193,6 +196,20 @@ def _fold_threads(s: Session, study_ids: list[int]) -> dict[int, list[int]]:
     for study_id, threads in s.execute(q).all():
         out.setdefault(study_id, []).append(threads)
     return {k: sorted(v) for k, v in out.items()}
+
+
+def _fold_provenances(s: Session, study_ids: list[int]) -> dict[int, list[dict | None]]:
+    """Per study: the provenance of each of its complete fold runs (search and test, by id;
+    None where a run recorded none)."""
+    q = (
+        select(FoldRun.study_id, FoldRun.provenance)
+        .where(FoldRun.study_id.in_(study_ids), FoldRun.status == "complete")
+        .order_by(FoldRun.id)
+    )
+    out: dict[int, list[dict | None]] = {}
+    for study_id, prov in s.execute(q).all():
+        out.setdefault(study_id, []).append(prov)
+    return out
 
 
 def _test_epochs(s: Session, study_ids: list[int]) -> dict[int, tuple[int, int]]:

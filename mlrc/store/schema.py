@@ -27,8 +27,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # Written to mlrc_meta.schema_version, which older mlrc releases check: they refuse a store of a
 # newer version. 2: test_result.extra (analysis metrics); 3: fold_run.objective/code_version and
 # the baseline tables; 4: the study history and fold_run.threads; 5: the retrieval views; 6: the
-# study's settings. Each version is an Alembic revision (mlrc.store.migrate.REVISIONS).
-SCHEMA_VERSION = 6
+# study's settings; 7: fold_run.provenance. Each version is an Alembic revision
+# (mlrc.store.migrate.REVISIONS).
+SCHEMA_VERSION = 7
 
 
 class Base(DeclarativeBase):
@@ -110,6 +111,8 @@ class FoldRun(Base):
     device: Mapped[str | None] = mapped_column(String(32))  # of the run that computed it
     code_version: Mapped[str | None] = mapped_column(String(64))  # likewise
     threads: Mapped[int | None] = mapped_column(Integer)  # torch intra-op threads (schema 4)
+    # what computed it (schema 7): mlrc.train.numerics.provenance, see mlrc.store.provenance
+    provenance: Mapped[dict | None] = mapped_column(JSON)
     updated: Mapped[dt.datetime] = mapped_column(DateTime, default=_now, onupdate=_now)
 
 

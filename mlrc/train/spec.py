@@ -58,7 +58,10 @@ NONFINITE = "non-finite"  # failure reasons of a loss or embeddings gone NaN/inf
 class FoldResult:
     """``best``: validation metrics (fractions) of ``best_epoch``, the epoch ``best.pt`` holds
     (may be 0); ``objective``: the best validation value of the preset's ``selection_metric``
-    (MAP@R unless said otherwise) over trained epochs (≥ 1), the value the search sees. ``device``/``code_version``: of the run that computed the result."""
+    (MAP@R unless said otherwise) over trained epochs (≥ 1), the value the search sees.
+    ``device``/``code_version``/``provenance``: of the run that computed the result
+    (``provenance``: :func:`mlrc.train.numerics.provenance`, the device's name, CUDA/cuDNN/driver
+    versions and TF32/deterministic settings; None for results recorded before it existed)."""
 
     status: str  # complete | failed
     reason: str | None
@@ -70,6 +73,7 @@ class FoldResult:
     objective: float | None = None
     device: str | None = None
     code_version: str | None = None
+    provenance: dict[str, Any] | None = None
 
     @property
     def nonfinite(self) -> bool:
