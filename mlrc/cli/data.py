@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -16,7 +17,18 @@ from mlrc.protocol import Split, SplitError
 from mlrc.registry import RegistryError
 from mlrc.terminal import check_device, console, fail
 
-__all__ = ["data_app", "data_baselines", "data_check", "data_list", "data_summary"]
+if TYPE_CHECKING:
+    from mlrc.config import Preset
+    from mlrc.train.throughput import Throughput
+
+__all__ = [
+    "data_app",
+    "data_baselines",
+    "data_bench",
+    "data_check",
+    "data_list",
+    "data_summary",
+]
 
 data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, summarise, check.")
 
@@ -171,3 +183,122 @@ def _baselines_table(ds: data.ImageDataset, split: Split, reproductions: int, de
         cells.append(f"{mean:.2f} ± {hw:.2f}")
     table.add_row("untrained linear (random)", "128", str(reproductions), *cells)
     return table
+
+
+@data_app.command("bench")
+def data_bench(
+    dataset: Annotated[
+        str, typer.Argument(help="a dataset name (mlrc data list) or a folder of <class>/<image>")
+    ],
+    root: RootOpt = None,
+    preset: Annotated[str, typer.Option(help="preset name or path (its pipeline)")] = "reference",
+    workers: Annotated[
+        int | None, typer.Option(help="loader workers (default: the preset's num_workers)")
+    ] = None,
+    seconds: Annotated[float, typer.Option(help="seconds per measurement")] = 10.0,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON only")] = False,
+) -> None:
+    """Measure a fold's input pipeline on this machine's CPUs: the decoded cache (built first,
+    timed on its own), then images/s of training and evaluation (in total and per core) and the
+    time to the first batch, against the images/s a GPU takes for the preset's trunk."""
+    from mlrc.config import load_preset
+
+    if workers is not None and workers < 0:
+        fail(f"--workers: {workers} loader workers; give 0 (the main process) or more")
+    if not seconds > 0:
+        fail(f"--seconds: {seconds}; give a positive number of seconds")
+    try:
+        p = load_preset(preset, source="--preset")
+    except ConfigError as e:
+        fail(str(e))
+    if workers is not None:
+        p = p.model_copy(update={"num_workers": workers})
+    ds = _bench_dataset(dataset, root)
+    parts = _split(ds, None, p.folds, p.split_scheme)
+    train, val = _first_fold(parts)
+    if not json_out:
+        console.print(
+            f"{ds.name}: {len(ds)} images; preset {preset}, fold 0 ({len(train)} training, "
+            f"{len(val)} validation classes), {p.num_workers} loader workers",
+            highlight=False,
+        )
+    result = _measure(p, ds, train, val, seconds, not json_out)
+    if json_out:
+        print(json.dumps(result.to_json(), indent=2))
+        return
+    _print_bench(result, p)
+
+
+def _bench_dataset(name: str, root: Path | None) -> data.ImageDataset:
+    """A registered dataset (``--root`` as for the other data commands), or a folder of
+    ``<class>/<image>`` (the ``image_folder`` dataset)."""
+    if name in data.available():
+        return _load(name, root)
+    folder = Path(name)
+    if folder.is_dir():
+        if root is not None:
+            fail(f"--root: {name} is a folder already; --root goes with a dataset name")
+        return _load("image_folder", folder)
+    if folder.exists() or "/" in name or name.startswith("."):
+        fail(f"DATASET: {name}: no such folder (a folder of <class>/<image>, or a dataset name)")
+    return _load(name, root)  # an unknown name: the registry's error, with the closest names
+
+
+def _first_fold(parts: Split) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(training, validation) classes of the first fold; with no folds (the traditional
+    scheme) the training half and the test classes that validate it."""
+    if parts.folds:
+        return parts.folds[0].train_classes, parts.folds[0].val_classes
+    return parts.trainval_classes, parts.test_classes
+
+
+def _measure(
+    p: Preset,
+    ds: data.ImageDataset,
+    train: tuple[int, ...],
+    val: tuple[int, ...],
+    seconds: float,
+    progress: bool,
+) -> Throughput:
+    """:func:`mlrc.train.throughput.measure`; an unreadable image or a fold the sampler cannot
+    batch is one line."""
+    from mlrc.train.throughput import measure
+
+    try:
+        return measure(p, ds, train, val, seconds, progress)
+    except (DatasetError, ValueError) as e:
+        fail(str(e))
+
+
+def _print_bench(result: Throughput, p: Preset) -> None:
+    """The tables of ``mlrc data bench``: the CPU pipelines, the cache, the GPU, the verdict."""
+    table = Table(title="Input pipeline on this machine's CPUs")
+    for col in ("pipeline", "img/s", "per core", "first batch, first epoch", "later epoch"):
+        table.add_column(col, justify="left" if col == "pipeline" else "right")
+    for name, r in (("training", result.train), ("evaluation", result.eval)):
+        table.add_row(
+            name,
+            f"{r.img_per_s:,.0f}",
+            f"{r.per_core:,.0f}",
+            f"{r.first_batch_s:.3f} s",
+            f"{r.later_first_batch_s:.3f} s",
+        )
+    console.print(table)
+    console.print(f"per core: over {result.cores} core(s) ({result.workers} loader workers)")
+    c = result.cache
+    if c.bytes:
+        what = "built" if c.built else "opened (built before)"
+        console.print(f"decoded cache {what} in {c.build_s:.1f} s, {c.bytes / 1e6:,.0f} MB")
+    else:
+        console.print(f"no decoded cache (preset decoded_cache: {p.decoded_cache})")
+    if result.gpu is not None:
+        g = result.gpu
+        gpu = Table(title="What a GPU takes (training)")
+        for col in ("trunk", "batch", "img/s", "GPU", "figure"):
+            gpu.add_column(col, justify="right" if col in ("batch", "img/s") else "left")
+        kind = "estimate †" if g.estimate else g.source
+        gpu.add_row(g.trunk, str(g.batch), f"{g.img_per_s:,.0f}", g.gpu, kind)
+        console.print(gpu)
+        if g.estimate:
+            console.print(f"† {g.source}; bench/gpu_fold.py measures it", highlight=False)
+    console.print(result.verdict(), highlight=False)

@@ -1,0 +1,124 @@
+"""``mlrc data bench``: a fold's input pipeline timed on a folder of JPEGs a user brings (and on a
+built-in dataset), the JSON it prints, the GPU figure it compares with, one-line errors. Speeds
+are measured in ``bench/``, never asserted here: only that the figures exist and are positive."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from mlrc.cli import app
+from mlrc.config import load_preset
+from mlrc.train.throughput import GPU_ESTIMATES, CacheTiming, Rate, Throughput, gpu_demand
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def jpegs(tmp_path, monkeypatch):
+    """32 classes × 3 JPEGs of 80 × 60 px (enough classes for the reference's 4 folds), and an
+    empty decoded-image cache of its own."""
+    monkeypatch.setenv("MLRC_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    root = tmp_path / "photos"
+    for c in range(32):
+        (root / f"class{c:02d}").mkdir(parents=True)
+        for i in range(3):
+            pixels = rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / f"class{c:02d}" / f"{i}.jpg", quality=90)
+    return root
+
+
+def bench_json(*args: str) -> dict:
+    r = runner.invoke(app, ["data", "bench", *args, "--seconds", "0.3", "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_json_of_a_folder_of_jpegs_has_the_figures(jpegs):
+    out = bench_json(str(jpegs), "--workers", "1")
+    for part in ("train", "eval"):
+        assert set(out[part]) == {"img_per_s", "per_core", "first_batch_s"}
+        assert all(v > 0 for v in out[part].values()), out[part]
+        assert out["later_first_batch_s"][part] > 0
+    assert set(out["cache"]) == {"build_s", "bytes"}
+    # the reference preset's decoded cache: 96 images resized to 256 × 341 px, uint8 RGB
+    assert out["cache"]["bytes"] >= 96 * 256 * 341 * 3 and out["cache"]["build_s"] > 0
+    assert out["cache_built"] is True and out["workers"] == 1 and out["cores"] == 1
+    assert out["gpu"]["estimate"] is True and out["gpu"]["img_per_s"] == 2500
+    assert "1 CPU workers feed" in out["verdict"] and out["verdict"].endswith("-bound")
+
+    again = bench_json(str(jpegs), "--workers", "0")  # the cache is there: opened, same bytes
+    assert again["cache_built"] is False and again["cache"]["bytes"] == out["cache"]["bytes"]
+    assert again["cores"] == 1 and again["train"]["per_core"] == again["train"]["img_per_s"]
+
+
+def test_a_registered_dataset_without_cache_and_a_trunk_without_gpu_figure():
+    out = bench_json("glyphs", "--preset", "cpu")
+    assert out["cache"] == {"build_s": out["cache"]["build_s"], "bytes": 0}
+    assert out["train"]["img_per_s"] > 0 and out["eval"]["img_per_s"] > 0
+    assert out["gpu"] is None and "no GPU figure" in out["verdict"]
+
+
+def test_tables_and_verdict(jpegs):
+    r = runner.invoke(app, ["data", "bench", str(jpegs), "--workers", "0", "--seconds", "0.3"])
+    assert r.exit_code == 0, r.output
+    assert "training" in r.stdout and "evaluation" in r.stdout and "decoded cache built" in r.stdout
+    assert "estimate †" in r.stdout and "the GPU takes ≈ 2,500 (estimate)" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["{missing}"], "no such folder"),
+        (["{root}", "--preset", "refrence"], "unknown preset 'refrence'; did you mean 'reference'"),
+        (["{root}", "--workers", "-1"], "--workers: -1 loader workers"),
+        (["{root}", "--seconds", "0"], "--seconds: 0.0"),
+        (["{root}", "--root", "{root}"], "--root goes with a dataset name"),
+        (["cub"], "did you mean 'cub200'"),
+    ],
+)
+def test_bad_input_is_one_line(jpegs, args, message):
+    paths = {"missing": jpegs / "missing", "root": jpegs}
+    r = runner.invoke(app, ["data", "bench", *(a.format(**paths) for a in args)])
+    assert r.exit_code == 2
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], r.output
+
+
+def test_gpu_figure_measured_beats_estimate(tmp_path):
+    reference = load_preset("reference")
+    csv = tmp_path / "gpu_fold.csv"
+    csv.write_text(
+        "trunk,batch,input,img_per_s,gpu\n"
+        "bninception,32,jpeg,1800,NVIDIA H100\n"
+        "bninception,32,synthetic,2900,NVIDIA H100\n"
+        "bninception,64,synthetic,4000,NVIDIA H100\n"
+    )
+    measured = gpu_demand(reference, csv)
+    assert (measured.img_per_s, measured.gpu, measured.estimate) == (2900, "NVIDIA H100", False)
+    assert (
+        gpu_demand(reference, tmp_path / "absent.csv").img_per_s
+        == GPU_ESTIMATES["bninception", 32][0]
+    )
+    modern = load_preset("modern")  # a timm tag is no other speed: the architecture's figure
+    assert gpu_demand(modern, tmp_path / "absent.csv").estimate is True
+    bigger = reference.model_copy(update={"batch": reference.batch.model_copy(update={"size": 64})})
+    assert gpu_demand(bigger, csv).img_per_s == 4000
+    assert gpu_demand(bigger, tmp_path / "absent.csv") is None
+
+
+def test_verdict_says_which_side_bounds(tmp_path):
+    rate = Rate(3000.0, 750.0, 1.0, 0.0, 100, 1.0)
+    result = Throughput(rate, rate, CacheTiming(1.0, 1, True), 4, 4, None)
+    assert "no GPU figure" in result.verdict()
+    result.gpu = gpu_demand(load_preset("reference"), tmp_path / "absent.csv")
+    assert result.verdict() == (
+        "4 CPU workers feed ≈ 3,000 img/s; the GPU takes ≈ 2,500 (estimate): GPU-bound"
+    )
+    result.train = Rate(500.0, 125.0, 1.0, 0.0, 100, 1.0)
+    assert result.verdict().endswith("input-bound")
