@@ -22,10 +22,15 @@ from mlrc.data.base import DatasetError, ImageDataset
 from mlrc.data.cache import decoded_cache, estimate_cache_bytes, eval_crops
 from mlrc.data.transforms import (
     ArrayToUint8Input,
+    CachedTrainTransform,
     ToUint8Input,
     cached_train_transform,
+    eval_transform,
+    to_trunk_input,
     train_transform,
 )
+from mlrc.train import View, build_model, embed
+from mlrc.train.setup import eval_inputs, fold_inputs
 
 BGR = {"mean": [104.0, 117.0, 128.0], "std": [1.0, 1.0, 1.0], "input_range": 255, "bgr": True}
 RGB = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "input_range": 1, "bgr": False}
@@ -206,3 +211,84 @@ def test_a_cache_that_would_not_fit_is_refused_in_one_line(tmp_path, monkeypatch
     monkeypatch.setattr(cache, "free_bytes", lambda folder: crop_need + cache.DISK_MARGIN - 1)
     with pytest.raises(DatasetError, match="not enough disk"):
         eval_crops(ds, 64, 56, tmp_path / "c", progress=False)
+
+
+# --- a fold's inputs with decoded_cache: the very same tensors -----------------------------------
+
+
+@pytest.fixture
+def glyph_fold(glyphs_ds, tmp_path, monkeypatch):
+    """(plain preset, cached preset, dataset, train, val, test classes, input spec)."""
+    from mlrc.config import load_preset
+    from mlrc.protocol import mlrc_split
+
+    monkeypatch.setenv("MLRC_CACHE", str(tmp_path / "cache"))
+    split = mlrc_split(glyphs_ds.labels, scheme="mlrc")
+    fold = split.folds[0]
+    plain, cached = load_preset("cpu"), load_preset("cpu", {"decoded_cache": True})
+    spec = build_model(plain).trunk.input_spec
+    classes = (fold.train_classes, fold.val_classes, split.test_classes)
+    return plain, cached, glyphs_ds, *classes, spec
+
+
+def test_fold_and_eval_inputs_give_the_same_tensors_with_decoded_cache(glyph_fold):
+    plain, cached, ds, train, val, test, spec = glyph_fold
+    d0, train0, val0 = fold_inputs(plain, ds, train, val, spec)
+    d1, train1, val1 = fold_inputs(cached, ds, train, val, spec)
+    assert isinstance(val1.ds, cache.EvalCropsDataset) and d1 is val1.ds
+    assert isinstance(train1.transform, CachedTrainTransform)
+    im = plain.image
+    for a, b, seeds in ((train0, train1, range(3)), (val0, val1, [0])):
+        assert np.array_equal(a.labels, b.labels) and len(a) == len(b)
+        for i in range(0, len(a), 7):
+            for seed in seeds:
+                torch.manual_seed(seed)
+                x = a[i][0]
+                torch.manual_seed(seed)
+                assert torch.equal(b[i][0], x), (i, seed)
+    # the memory-bank sampler's view: the training classes through the validation transform
+    bank0, bank1 = View(d0, train, val0.transform), View(d1, train, val1.transform)
+    assert all(torch.equal(bank0[i][0], bank1[i][0]) for i in range(0, len(bank0), 5))
+    # the test stage's and the baseline's views, against the float eval transform they used
+    for classes in (test, train + val):
+        before = View(ds, classes, eval_transform(im.resize, im.crop, spec))
+        after = eval_inputs(cached, ds, classes, spec)
+        assert np.array_equal(before.indices, after.indices)
+        for i in range(0, len(before), 9):
+            assert torch.equal(to_trunk_input(after[i][0], spec), before[i][0]), i
+    assert sorted(
+        p.name.split("-")[1] for p in (Path(os.environ["MLRC_CACHE"]) / "decoded").glob("*.u8")
+    ) == ["eval", "r36"]
+
+
+def test_test_stage_embeddings_are_unchanged_by_the_eval_crops(glyph_fold):
+    """embed() of eval_inputs (uint8 crops, normalised on the batch) = embed() of the float
+    eval transform the test stage and the baseline used before: bit for bit."""
+    plain, cached, ds, _, _, test, spec = glyph_fold
+    torch.manual_seed(0)
+    model = build_model(plain)
+    im = plain.image
+    before = embed(model, View(ds, test, eval_transform(im.resize, im.crop, spec)), 64, "cpu")
+    for preset in (plain, cached):
+        after = embed(model, eval_inputs(preset, ds, test, spec), 64, "cpu")
+        assert np.array_equal(after[0], before[0]) and np.array_equal(after[1], before[1])
+
+
+def test_memory_bank_fold_is_the_same_with_decoded_cache(glyphs_ds, tmp_path, monkeypatch):
+    """A memory-bank sampler embeds the training classes through the validation transform of
+    the fold's dataset (the eval crops under decoded_cache): the same fold, number for number."""
+    from conftest import train_tiny_fold
+
+    monkeypatch.setenv("MLRC_CACHE", str(tmp_path / "cache"))
+    runs = [
+        train_tiny_fold(
+            glyphs_ds,
+            tmp_path / str(flag),
+            iterations=3,
+            sampler="greedy_coreset",
+            preset_overrides={"decoded_cache": flag},
+        )
+        for flag in (False, True)
+    ]
+    assert runs[0].status == "complete", runs[0].reason
+    assert [vars(h) for h in runs[1].history] == [vars(h) for h in runs[0].history]

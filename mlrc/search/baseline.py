@@ -9,12 +9,12 @@ from typing import Any
 
 from mlrc import store
 from mlrc.config import ResolvedStudy
-from mlrc.data.transforms import eval_transform
 from mlrc.protocol import retrieval_metrics
 from mlrc.protocol.analysis import analysis_metrics, recall_ks
 from mlrc.search.context import Context, code_version
 from mlrc.store import trials
 from mlrc.train import UNTRAINED_SEED, View, embed, untrained_trunk
+from mlrc.train.setup import eval_inputs
 
 log = logging.getLogger("mlrc")
 
@@ -74,6 +74,7 @@ def _compute_baseline(ctx: Context, key: str, config: dict[str, Any]) -> None:
 
 
 def view_of_test_classes(ctx: Context, input_spec: dict) -> View:
-    """The test classes, with the preset's eval transform for a trunk's ``input_spec``."""
-    im = ctx.resolved.preset.image
-    return View(ctx.dataset, ctx.split.test_classes, eval_transform(im.resize, im.crop, input_spec))
+    """The test classes, with the preset's evaluation crops for a trunk's ``input_spec``
+    (:func:`~mlrc.train.setup.eval_inputs`: computed once under ``decoded_cache``)."""
+    p = ctx.resolved.preset
+    return eval_inputs(p, ctx.dataset, ctx.split.test_classes, input_spec, ctx.progress)

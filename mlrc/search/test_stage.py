@@ -35,6 +35,7 @@ from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending, int
 from mlrc.search.folds import FoldJob, run_fold
 from mlrc.store import trials
 from mlrc.train import View, embed, load_model
+from mlrc.train.setup import eval_inputs
 
 log = logging.getLogger("mlrc")
 # The dashboard's retrieval view of a reproduction (mlrc.protocol.retrieval.retrieval_view).
@@ -164,7 +165,6 @@ def _train_and_test(ctx: Context, params: dict[str, Any], rep: int, at: list[int
     """The body of :func:`_test_reproduction`; ``at[0]``: the fold it is at."""
     p = ctx.resolved.preset
     embeddings, seen, labels, rows, test_view = [], [], None, [], None
-    trainval = View(ctx.dataset, ctx.split.trainval_classes, None)
     for fold in ctx.split.folds:
         at[0] = fold.index
         res = run_fold(ctx, "test", params, rep, fold.index, None)
@@ -174,7 +174,7 @@ def _train_and_test(ctx: Context, params: dict[str, Any], rep: int, at: list[int
         spec_in = model.trunk.input_spec
         test_view = view_of_test_classes(ctx, spec_in)
         emb, labels = embed(model, test_view, p.eval_batch_size, ctx.device, p.num_workers)
-        trainval.transform = view_of_test_classes(ctx, spec_in).transform
+        trainval = eval_inputs(p, ctx.dataset, ctx.split.trainval_classes, spec_in, ctx.progress)
         tv_emb, tv_lab = embed(model, trainval, p.eval_batch_size, ctx.device, p.num_workers)
         embeddings.append(emb)
         seen.append(tv_emb)

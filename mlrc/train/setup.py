@@ -15,7 +15,13 @@ from torch.utils.data import DataLoader
 
 from mlrc.config import Preset
 from mlrc.data.base import ImageDataset
-from mlrc.data.transforms import eval_transform, train_transform
+from mlrc.data.cache import CachedImageDataset, decoded_cache, default_cache_dir, eval_crops
+from mlrc.data.transforms import (
+    ArrayToUint8Input,
+    cached_train_transform,
+    eval_transform,
+    train_transform,
+)
 from mlrc.methods import losses, miners, samplers, strategies
 from mlrc.train.embed import IndexedView, View
 from mlrc.train.loaders import FoldLoader
@@ -161,20 +167,44 @@ def fold_inputs(
     input_spec: dict,
     progress: bool = False,
 ) -> tuple[ImageDataset, View, View]:
-    """A fold's input pipeline as it trains: the dataset (decoded once and resized to
-    ``image.resize`` when the preset has ``decoded_cache``: the same tensors, no JPEG decoding)
-    and its training and validation views. Both give uint8 CHW images in the trunk's channel
+    """A fold's input pipeline as it trains: (the dataset the validation transform reads, the
+    training view, the validation view). Both views give uint8 CHW images in the trunk's channel
     order (4× smaller copies), normalised on the device by
-    :func:`~mlrc.data.transforms.batch_to_trunk_input`."""
-    im = p.image
-    if p.decoded_cache:
-        from mlrc.data.cache import decoded_cache, default_cache_dir
+    :func:`~mlrc.data.transforms.batch_to_trunk_input`.
 
+    With the preset's ``decoded_cache`` (the same tensors, bit for bit): training reads the
+    images decoded once and resized to ``image.resize`` through
+    :class:`~mlrc.data.transforms.CachedTrainTransform`, and validation the evaluation crops
+    computed once (:func:`eval_inputs`), so it never decodes nor resizes; the dataset returned
+    is then those crops (the memory-bank sampler embeds its training classes with the
+    validation transform). Without it: the dataset and torchvision's transforms."""
+    im = p.image
+    if not p.decoded_cache:
+        train = train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, input_spec, True)
+        val_set = View(dataset, val_classes, eval_transform(im.resize, im.crop, input_spec, True))
+        return dataset, View(dataset, train_classes, train), val_set
+    cached = decoded_cache(dataset, im.resize, default_cache_dir(), progress=progress)
+    train = cached_train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, input_spec)
+    val_set = eval_inputs(p, cached, val_classes, input_spec, progress)
+    return val_set.ds, View(cached.as_arrays(), train_classes, train), val_set
+
+
+def eval_inputs(
+    p: Preset,
+    dataset: ImageDataset,
+    classes: Sequence[int],
+    input_spec: dict,
+    progress: bool = False,
+) -> View:
+    """The evaluation view of ``classes`` (validation, the test stage, the untrained baseline):
+    uint8 CHW images of ``Resize(resize) → CenterCrop(crop)`` in the trunk's channel order.
+    With the preset's ``decoded_cache``, read from the evaluation crops computed once
+    (:func:`~mlrc.data.cache.eval_crops`; built from the decoded cache, itself built if
+    missing), else the preset's eval transform on ``dataset``: the same tensors either way."""
+    im = p.image
+    if not p.decoded_cache:
+        return View(dataset, classes, eval_transform(im.resize, im.crop, input_spec, uint8=True))
+    if not isinstance(dataset, CachedImageDataset):
         dataset = decoded_cache(dataset, im.resize, default_cache_dir(), progress=progress)
-    train_set = View(
-        dataset,
-        train_classes,
-        train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, input_spec, uint8=True),
-    )
-    val_set = View(dataset, val_classes, eval_transform(im.resize, im.crop, input_spec, uint8=True))
-    return dataset, train_set, val_set
+    crops = eval_crops(dataset, im.resize, im.crop, default_cache_dir(), progress=progress)
+    return View(crops.as_arrays(), classes, ArrayToUint8Input(input_spec))
