@@ -91,25 +91,30 @@ def test_bad_input_is_one_line(jpegs, args, message):
 
 
 def test_gpu_figure_measured_beats_estimate(tmp_path):
+    """bench/gpu_fold.py's CSV: the synthetic-input upper bound of a GPU run is what the GPU
+    takes (its fold is the reference's: BN-Inception at batch 32); a CPU run does not count."""
     reference = load_preset("reference")
     csv = tmp_path / "gpu_fold.csv"
+    head = "section,measure,value,unit,goal,met,device,profile,machine\n"
+    machine = '"gpu1 AMD EPYC (16 CPUs), NVIDIA H100 80GB HBM3, Python 3.11, torch 2.9, Linux"'
     csv.write_text(
-        "trunk,batch,input,img_per_s,gpu\n"
-        "bninception,32,jpeg,1800,NVIDIA H100\n"
-        "bninception,32,synthetic,2900,NVIDIA H100\n"
-        "bninception,64,synthetic,4000,NVIDIA H100\n"
+        head
+        + f"fold,train_fold img/s,1800,img/s,,,cuda,full,{machine}\n"
+        + f"upper bound,synthetic on-device img/s,2900.5,img/s,,,cuda,full,{machine}\n"
+        + "upper bound,synthetic on-device img/s,40,img/s,,,cpu,cpu,laptop\n"
     )
     measured = gpu_demand(reference, csv)
-    assert (measured.img_per_s, measured.gpu, measured.estimate) == (2900, "NVIDIA H100", False)
-    assert (
-        gpu_demand(reference, tmp_path / "absent.csv").img_per_s
-        == GPU_ESTIMATES["bninception", 32][0]
-    )
+    assert (measured.img_per_s, measured.estimate) == (2900.5, False)
+    assert measured.gpu == "NVIDIA H100 80GB HBM3"
+    absent = tmp_path / "absent.csv"
+    assert gpu_demand(reference, absent).img_per_s == GPU_ESTIMATES["bninception", 32][0]
     modern = load_preset("modern")  # a timm tag is no other speed: the architecture's figure
-    assert gpu_demand(modern, tmp_path / "absent.csv").estimate is True
+    assert gpu_demand(modern, csv).estimate is True  # the CSV's fold is BN-Inception's
     bigger = reference.model_copy(update={"batch": reference.batch.model_copy(update={"size": 64})})
-    assert gpu_demand(bigger, csv).img_per_s == 4000
-    assert gpu_demand(bigger, tmp_path / "absent.csv") is None
+    assert gpu_demand(bigger, csv) is None and gpu_demand(bigger, absent) is None
+    cpu_only = tmp_path / "cpu.csv"
+    cpu_only.write_text(head + "upper bound,synthetic on-device img/s,40,img/s,,,cpu,cpu,laptop\n")
+    assert gpu_demand(reference, cpu_only).estimate is True
 
 
 def test_verdict_says_which_side_bounds(tmp_path):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -358,12 +359,14 @@ def _eval_images(train_rate: float, seconds: float, p: Preset, available: int) -
 
 def gpu_demand(preset: Preset, path: Path = GPU_CSV) -> GpuDemand | None:
     """Images/s the preset's trunk takes at its batch size: measured (``path``, written by
-    ``bench/gpu_fold.py``) when a row fits, else :data:`GPU_ESTIMATES`, else ``None``.
+    ``bench/gpu_fold.py`` on a GPU) when a row fits, else :data:`GPU_ESTIMATES`, else ``None``.
 
-    A row fits when its ``trunk`` is the preset's (a timm tag ignored) and its ``batch`` (or
-    ``batch_size``) the preset's; its rate is ``img_per_s`` (or ``images_per_s``), its card
-    ``gpu`` (or ``device``). Rows whose ``input``, ``feed`` or ``measure`` says ``synthetic``
-    (the trunk fed tensors already on the device: what the GPU can take) are preferred."""
+    The row read is the synthetic-input upper bound (``section`` "upper bound", a ``measure``
+    that says "synthetic", ``unit`` img/s: the trunk, embedder, loss and optimiser fed a batch
+    already on the device — what the GPU can take), of a run on a GPU (``device`` not ``cpu``).
+    Its trunk and batch are the row's ``trunk`` and ``batch`` columns where present, else the
+    ``reference`` preset's (the fold ``bench/gpu_fold.py`` runs); a timm tag is ignored. The GPU's
+    name comes from the ``machine`` column."""
     trunk, batch = _trunk_key(preset.trunk), preset.batch.size
     measured = _measured(path, trunk, batch)
     if measured is not None:
@@ -381,24 +384,41 @@ def _trunk_key(name: str) -> str:
 
 
 def _measured(path: Path, trunk: str, batch: int) -> tuple[float, str] | None:
-    """(img/s, GPU) of the best-fitting row of ``path`` (see :func:`gpu_demand`), or None."""
+    """(img/s, GPU) of the last fitting row of ``path`` (see :func:`gpu_demand`), or None."""
     try:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
     except OSError:
         return None
-    fits = []
+    found = None
     for row in rows:
+        if not _upper_bound_on_gpu(row):
+            continue
         try:
-            size = int(float(row.get("batch") or row.get("batch_size") or "nan"))
-            rate = float(row.get("img_per_s") or row.get("images_per_s") or "nan")
+            rate = float(row.get("value") or "nan")
+            size = int(float(row.get("batch") or _REFERENCE_BATCH))
         except ValueError:
             continue
-        if _trunk_key(row.get("trunk") or "") != trunk or size != batch or not rate > 0:
-            continue
-        what = " ".join(row.get(k) or "" for k in ("input", "feed", "measure")).lower()
-        fits.append(("synthetic" in what, rate, row.get("gpu") or row.get("device") or "GPU"))
-    if not fits:
-        return None
-    _, rate, gpu = max(fits)
-    return rate, gpu
+        if rate > 0 and _trunk_key(row.get("trunk") or "bninception") == trunk and size == batch:
+            found = rate, _gpu_name(row.get("machine") or "")
+    return found
+
+
+_REFERENCE_BATCH = 32  # the reference preset's batch: gpu_fold.py's fold when a row says none
+
+
+def _upper_bound_on_gpu(row: dict[str, str]) -> bool:
+    """Whether a ``gpu_fold.csv`` row is the synthetic-input upper bound of a run on a GPU."""
+    return (
+        (row.get("section") or "").strip() == "upper bound"
+        and "synthetic" in (row.get("measure") or "")
+        and (row.get("unit") or "").strip() == "img/s"
+        and not (row.get("device") or "cpu").startswith("cpu")
+        and (row.get("profile") or "") != "cpu"
+    )
+
+
+def _gpu_name(machine: str) -> str:
+    """The GPU in ``bench.common.machine()``'s line (``… (N CPUs), <GPU>, Python …``)."""
+    m = re.search(r"CPUs\), (.+?), Python", machine)
+    return m.group(1) if m else "GPU"
