@@ -1,42 +1,51 @@
-"""Training input pipeline throughput: JPEG decoding at every step vs the decoded-image cache.
+"""Issue #22's CPU goals for the input pipeline, side by side: the fold's pipeline against a plain
+PIL + torchvision chain of the same transforms, on CUB-sized JPEGs, identical pixels.
 
-    .venv/bin/python bench/data.py            # 300 images, 3 epochs per configuration
-    .venv/bin/python bench/data.py --quick    # 64 images, 2 epochs (a smoke run, noisy figures)
+    .venv/bin/python bench/data.py            # 300 images, 10 s per loader measurement
+    .venv/bin/python bench/data.py --quick    # 64 images, 3 s (a smoke run, noisy figures)
 
 Generates CUB-like JPEGs in a temporary directory (500 × 375, 375 × 500 and 500 × 333 px, smooth
-random colour fields plus fine grain, quality 90: about 50 KB each), wraps them in an
-``ImageDataset`` and times the reference preset's training transform
-(``mlrc.data.transforms.train_transform``: Resize 256 → RandomResizedCrop 227 (scale 0.16–1,
-ratio 0.75–1.33) → flip → ToTensor → BN-Inception input (BGR, 0–255, mean subtracted)) through a
-``DataLoader`` (batch 32, shuffled, default collate) with
+random colour fields plus fine grain, quality 90: about 50 KB each), 10 classes, and runs the
+``reference`` preset's pipeline as a fold does (``mlrc.train.setup.fold_inputs`` and
+``make_loaders``; the decoded cache and evaluation crops built first in that directory, as
+``$MLRC_CACHE``, and timed), every class in both views.
 
-- ``decode per step``: every sample read from its JPEG and decoded;
-- ``decoded cache``: ``mlrc.data.cache.decoded_cache(ds, 256, dir)``, same transform;
-- ``… + uint8 †``: what the fold trainer runs: the transform ends at uint8 CHW in the trunk's
-  channel order (``train_transform(..., uint8=True)``) and ``to_trunk_input`` (float, /255,
-  ×range, −mean, /std: bit-identical to the per-image float tail) runs on the batch on the
-  training device — timed here on the CPU in the main process, after the batch arrives.
-  Without ``†``: the float tail per image in the loader (the transform's default).
+1. **Per core** (the main process, 0 loader workers, torch limited to 1 thread), epochs
+   alternating between the pipelines so machine load hits both alike, median of ``--rounds``:
 
-Each runs with ``num_workers`` 0 (torch limited to 1 thread: one core's throughput) and 2
-(persistent workers). Epochs alternate between the pipelines, so machine load hits all alike.
-Epoch 1 includes worker start; "later" is the median of the other epochs. The cache build (a
-few threads, see ``decoded_cache``) and its re-open are timed separately. The JPEGs are in the
-OS page cache (just written): reading them from a cold disk would favour the cache more.
+   - training: the fold's (cached images + its training transform, uint8 batches: the device
+     normalises them) vs the plain chain ``decode → Resize 256 → RandomResizedCrop 227 (scale
+     0.16–1, ratio 0.75–1.33) → flip → ToTensor → ×255, BGR → Normalize`` (BN-Inception's
+     input) on the JPEGs, the same m-per-class batches — goal ≥ 3×;
+   - evaluation: the fold's validation view vs ``decode → Resize 256 → CenterCrop 227 → ToTensor
+     → ×255, BGR → Normalize``, batches of ``eval_batch_size`` in order — goal ≥ 10×.
 
-A per-stage profile (one process, ms per image) shows where the time goes. Prints rich tables
-and writes ``bench/results/data.csv`` (one row per measurement, with the machine).
+2. **With the preset's loader workers** (4; ``--workers``): ``mlrc data bench``'s measurement
+   (``mlrc.train.throughput.measure``): img/s, per core, the time to the first batch of the
+   fold's first epoch and of a later one — goal ≈ 0 for the later one (under 0.1 s here: a
+   batch's worth of work of one worker at 320 img/s).
+
+3. **Identical pixels**: the first ``--check-batches`` batches of both training loaders from the
+   same torch RNG state (and the same sampler seed), and of both evaluation loaders, compared
+   bit for bit after the fold's uint8 batch is normalised as on the device
+   (``to_trunk_input``).
+
+The JPEGs are in the OS page cache (just written): reading them from a cold disk would favour
+the cache more. Prints rich tables and writes ``bench/results/data.csv`` (one row per figure,
+with the machine).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import itertools
+import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -51,16 +60,18 @@ from torchvision import transforms as T
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, write_csv  # noqa: E402
 
-from mlrc.config import ImageSpec, load_preset  # noqa: E402
+from mlrc.config import Preset, load_preset  # noqa: E402
 from mlrc.data.base import ImageDataset  # noqa: E402
-from mlrc.data.cache import decoded_cache  # noqa: E402
-from mlrc.data.transforms import to_trunk_input, train_transform  # noqa: E402
-from mlrc.models.trunks import BNInception  # noqa: E402
+from mlrc.data.transforms import to_trunk_input  # noqa: E402
+from mlrc.methods import samplers  # noqa: E402
+from mlrc.train.embed import IndexedView, View  # noqa: E402
+from mlrc.train.setup import fold_inputs, make_loaders  # noqa: E402
+from mlrc.train.throughput import Throughput, measure, trunk_input_spec  # noqa: E402
 
 SIZES = [(500, 375), (375, 500), (500, 333)]  # (width, height); CUB photos are mostly these
-BATCH = 32
-PLAIN, CACHED = "decode per step", "decoded cache"
-U8 = " + uint8 †"
+CLASSES = 10
+GOALS = {"training": 3.0, "evaluation": 10.0}  # × the plain chain, per core
+LATER_FIRST_BATCH_GOAL_S = 0.1
 
 
 def make_jpegs(folder: Path, n: int, seed: int = 0) -> list[str]:
@@ -83,192 +94,196 @@ def make_jpegs(folder: Path, n: int, seed: int = 0) -> list[str]:
     return paths
 
 
-# --- the uint8 variant: what training does ---------------------------------------------------
+# --- the plain chain: what a torchvision user writes ------------------------------------------
 
 
-def uint8_train_transform(im: ImageSpec, spec: dict) -> T.Compose:
-    """The training transform as the fold trainer runs it: the same random steps, ending at
-    uint8 CHW in the trunk's channel order; ``to_trunk_input`` finishes it on the batch."""
-    return train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, spec, uint8=True)
+def plain_tail(spec: dict) -> list:
+    """ToTensor → the trunk's range and channel order → Normalize, per image (float32)."""
+    return [
+        T.ToTensor(),
+        T.Lambda(lambda x: x * float(spec["input_range"])),
+        T.Lambda(lambda x: x.flip(0) if spec["bgr"] else x),
+        T.Normalize(spec["mean"], spec["std"]),
+    ]
 
 
-def uint8_to_trunk_input(x: torch.Tensor, spec: dict) -> torch.Tensor:
-    return to_trunk_input(x, spec)
+def plain_train(p: Preset, spec: dict) -> T.Compose:
+    im = p.image
+    steps = [T.Resize(im.resize), T.RandomResizedCrop(im.crop, scale=im.scale, ratio=im.ratio)]
+    if im.flip:
+        steps.append(T.RandomHorizontalFlip(0.5))
+    return T.Compose(steps + plain_tail(spec))
 
 
-# --- measurements --------------------------------------------------------------------------------
+def plain_eval(p: Preset, spec: dict) -> T.Compose:
+    return T.Compose([T.Resize(p.image.resize), T.CenterCrop(p.image.crop), *plain_tail(spec)])
 
 
-def epochs_images_per_s(
-    datasets: dict[str, ImageDataset], workers: int, epochs: int, spec: dict
-) -> dict[str, list[float]]:
-    """Images/s of each epoch of each dataset (its transform applied) through a shuffled
-    DataLoader. Epochs alternate between the datasets, so a busy machine slows all alike."""
-    loaders = {
-        name: DataLoader(
-            ds,
-            batch_size=BATCH,
-            shuffle=True,
-            num_workers=workers,
-            persistent_workers=workers > 0,
-            generator=torch.Generator().manual_seed(0),
-        )
-        for name, ds in datasets.items()
+# --- the two pipelines, built alike ------------------------------------------------------------
+
+
+def sampler(p: Preset, labels: np.ndarray, iterations: int, seed: int = 0) -> object:
+    """The protocol's m-per-class batches (pair losses), as ``build_fold`` makes them."""
+    m = p.batch.images_per_class["pair"]
+    return samplers.build("m_per_class", labels, p.batch.size, m, iterations, seed)
+
+
+def loaders(p: Preset, ds: ImageDataset, spec: dict, iterations: int) -> dict[str, Iterable]:
+    """(fold | plain) × (training | evaluation) loaders in the main process, every class."""
+    classes = list(range(CLASSES))
+    p0 = p.model_copy(update={"num_workers": 0})
+    _, train_set, val_set = fold_inputs(p0, ds, classes, classes, spec)
+    fold_train, fold_eval = make_loaders(
+        p0, train_set, val_set, sampler(p0, train_set.labels, iterations), "cpu"
+    )
+    plain_train_set = View(ds, classes, plain_train(p, spec))
+    plain_val_set = View(ds, classes, plain_eval(p, spec))
+    return {
+        "fold training": fold_train,
+        "plain training": DataLoader(
+            IndexedView(plain_train_set),
+            batch_sampler=sampler(p0, plain_train_set.labels, iterations),
+        ),
+        "fold evaluation": fold_eval,
+        "plain evaluation": DataLoader(plain_val_set, batch_size=p.eval_batch_size),
     }
-    rates: dict[str, list[float]] = {name: [] for name in loaders}
-    for _ in range(epochs):
-        for name, loader in loaders.items():
+
+
+def per_core_rates(named: dict[str, Iterable], rounds: int) -> dict[str, float]:
+    """Median images/s of each loader over ``rounds`` epochs, alternating between them."""
+    rates: dict[str, list[float]] = {name: [] for name in named}
+    for _ in range(rounds):
+        for name, loader in named.items():
             t0, n = time.perf_counter(), 0
-            for x, _y in loader:
-                if x.dtype == torch.uint8:
-                    x = uint8_to_trunk_input(x, spec)
-                n += len(x)
+            for batch in loader:
+                n += len(batch[0])
             rates[name].append(n / (time.perf_counter() - t0))
-    return rates
+    return {name: statistics.median(r) for name, r in rates.items()}
 
 
-def stage_profile(plain: ImageDataset, cached: ImageDataset, im: ImageSpec, spec: dict) -> dict:
-    """Milliseconds per image of each step of the training transform, one process."""
-    crop = T.RandomResizedCrop(im.crop, scale=im.scale, ratio=im.ratio)
-    full = train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, spec)
-    tail = full.transforms[-1]  # ToTrunkInput: uint8 → trunk range/order → Normalize
-    u8_tail = uint8_train_transform(im, spec).transforms[-1]  # ToUint8Input: channel order
-    resize, flip = T.Resize(im.resize), T.RandomHorizontalFlip(0.5)
-    n = len(plain)
-    decoded = [plain.load_image(i) for i in range(n)]
-    resized = [resize(x) for x in decoded]
-    cropped = [crop(x) for x in resized]
-    stages: dict[str, Callable[[int], object]] = {
-        "decode JPEG (open_image)": plain.load_image,
-        "Resize 256": lambda i: resize(decoded[i]),
-        "cache: array → PIL (open_image)": cached.load_image,
-        "RandomResizedCrop 227": lambda i: crop(resized[i]),
-        "flip": lambda i: flip(cropped[i]),
-        "to float trunk input (per image)": lambda i: tail(cropped[i]),
-        "† to uint8 CHW, BGR (per image)": lambda i: u8_tail(cropped[i]),
-        "whole transform, decode per step": lambda i: full(plain.load_image(i)),
-        "whole transform, decoded cache": lambda i: full(cached.load_image(i)),
-    }
-    return {name: _ms_per_call(fn, n) for name, fn in stages.items()}
-
-
-def _ms_per_call(fn: Callable[[int], object], n: int, repeats: int = 5) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for i in range(n):
-            fn(i)
-        best = min(best, (time.perf_counter() - t0) / n * 1e3)
-    return best
-
-
-def timed_cache(plain: ImageDataset, resize: int, folder: Path) -> tuple[ImageDataset, list]:
-    """The decoded cache of ``plain``, and rows timing its build and its re-open."""
-    rows = []
-    for measure in ("cache build", "cache reopen"):
-        t0 = time.perf_counter()
-        cached = decoded_cache(plain, resize, folder, progress=False)
-        s = time.perf_counter() - t0
-        rows.append(_row(measure, CACHED, None, len(plain) / s, s))
-    return cached, rows
-
-
-def pipelines(plain: ImageDataset, cached: ImageDataset, im: ImageSpec, spec: dict) -> dict:
-    """The four datasets to time, by name: (decode per step | cache) × (float | uint8 batches)."""
-    current = train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, spec)
-    proposed = uint8_train_transform(im, spec)
+def same_pixels(named: dict[str, Iterable], spec: dict, batches: int) -> dict[str, bool]:
+    """Whether the fold's first ``batches`` batches, normalised as on the device, equal the
+    plain chain's bit for bit, from the same torch RNG state (training and evaluation)."""
     out = {}
-    for name, ds in ((PLAIN, plain), (CACHED, cached)):
-        for suffix, transform in (("", current), (U8, proposed)):
-            out[name + suffix] = copy.copy(ds)
-            out[name + suffix].transform = transform
+    for what in ("training", "evaluation"):
+        got = []
+        for name in (f"fold {what}", f"plain {what}"):
+            torch.manual_seed(1234)
+            got.append([batch[0] for batch in itertools.islice(named[name], batches)])
+        out[what] = all(torch.equal(to_trunk_input(a, spec), b) for a, b in zip(*got, strict=True))
     return out
+
+
+# --- main ----------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", type=int, default=300)
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    ap.add_argument("--quick", action="store_true", help="64 images, 2 epochs")
+    ap.add_argument("--rounds", type=int, default=3, help="epochs per pipeline, per core")
+    ap.add_argument("--seconds", type=float, default=10.0, help="per loader measurement (2.)")
+    ap.add_argument("--workers", type=int, default=None, help="default: the preset's")
+    ap.add_argument("--check-batches", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="64 images, 2 rounds, 3 s")
     args = ap.parse_args(argv)
     if args.quick:
-        args.images, args.epochs = 64, 2
+        args.images, args.rounds, args.seconds = 64, 2, 3.0
     torch.set_num_threads(1)
-    console = Console()
-    im, spec = load_preset("reference").image, BNInception.input_spec
+    warnings.filterwarnings("ignore", "This DataLoader will create")  # 4 workers on 2 cores
+    console = Console(width=None if sys.stdout.isatty() else 110)
+    p = load_preset("reference")
+    if args.workers is not None:
+        p = p.model_copy(update={"num_workers": args.workers})
+    spec = trunk_input_spec(p)
     with tempfile.TemporaryDirectory(prefix="mlrc-bench-data-") as tmp:
+        os.environ["MLRC_CACHE"] = str(Path(tmp) / "cache")  # the fold's caches, built here
+        (Path(tmp) / "jpegs").mkdir()
         with console.status(f"writing {args.images} JPEGs"):
-            paths = make_jpegs(Path(tmp), args.images)
-        kb = np.mean([Path(p).stat().st_size for p in paths]) / 1e3
-        labels = [i % 10 for i in range(len(paths))]
-        plain = ImageDataset("bench", paths, labels, [str(c) for c in range(10)])
-        cached, rows = timed_cache(plain, im.resize, Path(tmp) / "cache")
-        cache_mb = sum(a.nbytes for a in cached.sources) / 1e6
-        timed = pipelines(plain, cached, im, spec)
-        for workers in args.workers:
-            with console.status(f"{args.epochs} epochs each, num_workers={workers}"):
-                by_name = epochs_images_per_s(timed, workers, args.epochs, spec)
-            for name, rates in by_name.items():
-                later = statistics.median(rates[1:]) if len(rates) > 1 else rates[0]
-                rows.append(_row("epoch 1", name, workers, rates[0], len(plain) / rates[0]))
-                rows.append(_row("later epochs", name, workers, later, len(plain) / later))
-        with console.status("per-stage profile"):
-            n = min(64, args.images)
-            stages = stage_profile(_head(plain, n), _head(cached, n), im, spec)
-    for stage, ms in stages.items():
-        rows.append(_row("stage", stage, 0, 1e3 / ms, ms / 1e3))
-    df = pd.DataFrame(rows).astype({"num_workers": "Int64"})
-    _print(console, df, args, kb, cache_mb)
+            paths = make_jpegs(Path(tmp) / "jpegs", args.images)
+        kb = np.mean([Path(q).stat().st_size for q in paths]) / 1e3
+        labels = [i % CLASSES for i in range(len(paths))]
+        ds = ImageDataset("bench", paths, labels, [str(c) for c in range(CLASSES)])
+        classes = list(range(CLASSES))
+        console.print(f"loader measurement, {p.num_workers} workers (mlrc data bench's)")
+        fold = measure(p, ds, classes, classes, args.seconds, progress=True)
+        iterations = max(1, args.images // p.batch.size)
+        named = loaders(p, ds, spec, iterations)
+        with console.status(f"per core: {args.rounds} epochs of each pipeline"):
+            rates = per_core_rates(named, args.rounds)
+        with console.status("identical pixels"):
+            same = same_pixels(named, spec, args.check_batches)
+    rows = _rows(rates, fold, same, args)
+    df = pd.DataFrame(rows)
+    _print(console, df, args, kb, fold)
     console.print(f"wrote {write_csv(df, 'data')}")
 
 
-def _head(ds: ImageDataset, n: int) -> ImageDataset:
-    return ImageDataset(ds.name, ds.sources[:n], list(range(n)), [str(i) for i in range(n)])
+def _rows(
+    rates: dict[str, float], fold: Throughput, same: dict[str, bool], args: argparse.Namespace
+) -> list[dict]:
+    """One row per figure: per core, identical pixels, with the workers, the cache."""
+    rows = []
+    for what, goal in GOALS.items():
+        ratio = rates[f"fold {what}"] / rates[f"plain {what}"]
+        for side in ("fold", "plain"):
+            rows.append(_row("per core", f"{side} {what}", rates[f"{side} {what}"], "img/s"))
+        rows.append(
+            _row("per core", f"{what}: fold ÷ plain", ratio, "×", f"≥ {goal:g}×", ratio >= goal)
+        )
+        rows.append(_row("pixels", f"{what}: identical", float(same[what]), "", "yes", same[what]))
+    for what, r in (("training", fold.train), ("evaluation", fold.eval)):
+        rows += [
+            _row(f"{fold.workers} workers", f"{what} img/s", r.img_per_s, "img/s"),
+            _row(f"{fold.workers} workers", f"{what} per core", r.per_core, "img/s"),
+            _row(
+                f"{fold.workers} workers", f"{what} first batch, first epoch", r.first_batch_s, "s"
+            ),
+            _row(
+                f"{fold.workers} workers",
+                f"{what} first batch, later epoch",
+                r.later_first_batch_s,
+                "s",
+                f"≈ 0 (< {LATER_FIRST_BATCH_GOAL_S} s)",
+                r.later_first_batch_s < LATER_FIRST_BATCH_GOAL_S,
+            ),
+        ]
+    rows.append(_row("cache", "build (decoded + evaluation crops)", fold.cache.build_s, "s"))
+    rows.append(_row("cache", "bytes", float(fold.cache.bytes), "B"))
+    return [dict(r, images=args.images) for r in rows]
 
 
-def _row(measure: str, pipeline: str, workers: int | None, rate: float, seconds: float) -> dict:
+def _row(
+    section: str, measure: str, value: float, unit: str, goal: str = "", met: bool | None = None
+) -> dict:
     return {
+        "section": section,
         "measure": measure,
-        "pipeline": pipeline,
-        "num_workers": workers,
-        "images_per_s": round(rate, 1),
-        "seconds": round(seconds, 6),
+        "value": round(float(value), 4),
+        "unit": unit,
+        "goal": goal,
+        "met": "" if met is None else ("yes" if met else "no"),
     }
 
 
-def _print(console: Console, df: pd.DataFrame, args, kb: float, cache_mb: float) -> None:
-    console.print(machine())
+def _print(
+    console: Console, df: pd.DataFrame, args: argparse.Namespace, kb: float, fold: Throughput
+) -> None:
+    console.print(machine(), soft_wrap=True)
     console.print(
-        f"{args.images} JPEGs, {kb:.0f} KB on average; decoded cache {cache_mb:.0f} MB; "
-        f"batch {BATCH}, {args.epochs} epochs per configuration"
+        f"{args.images} JPEGs, {kb:.0f} KB on average; reference preset; per core: "
+        f"{args.rounds} epochs per pipeline, median; loaders: {args.seconds:g} s per measurement"
     )
-    table = Table(title="Training input pipeline, images/s (higher is better)")
-    for col in ("num_workers", "pipeline", "epoch 1", "later epochs", f"× {PLAIN}"):
-        table.add_column(col, justify="left" if col == "pipeline" else "right")
-    epochs = df[df.measure.isin(["epoch 1", "later epochs"])]
-    for workers, group in epochs.groupby("num_workers", sort=True):
-        rate = group.set_index(["pipeline", "measure"]).images_per_s
-        for pipeline in group.pipeline.unique():
-            ratio = rate[pipeline, "later epochs"] / rate[PLAIN, "later epochs"]
-            table.add_row(
-                str(int(workers)),
-                pipeline,
-                f"{rate[pipeline, 'epoch 1']:.0f}",
-                f"{rate[pipeline, 'later epochs']:.0f}",
-                f"{ratio:.2f}",
-            )
+    table = Table(title="Issue #22's CPU goals: the fold's input pipeline vs a plain chain")
+    for col in ("section", "measure", "value", "unit", "goal", "met"):
+        table.add_column(col, justify="right" if col == "value" else "left")
+    for _, r in df.iterrows():
+        value = r.value
+        shown = f"{value:.3f}" if abs(value) < 10 else f"{value:,.0f}"
+        if r.measure.endswith("identical"):
+            shown = "yes" if value else "NO"
+        table.add_row(r.section, r.measure, shown, r.unit, r.goal, r.met)
     console.print(table)
-    console.print("† what training does: uint8 batches, normalised on the device after collation")
-    for measure in ("cache build", "cache reopen"):
-        row = df[df.measure == measure].iloc[0]
-        console.print(f"{measure}: {row.seconds:.2f} s ({row.images_per_s:.0f} images/s)")
-    stages = Table(title="Per-stage cost, one process (ms per image)")
-    stages.add_column("stage")
-    stages.add_column("ms/image", justify="right")
-    for _, row in df[df.measure == "stage"].iterrows():
-        stages.add_row(row.pipeline, f"{row.seconds * 1e3:.3f}")
-    console.print(stages)
+    console.print(fold.verdict(), highlight=False)
 
 
 if __name__ == "__main__":
