@@ -292,3 +292,26 @@ def test_memory_bank_fold_is_the_same_with_decoded_cache(glyphs_ds, tmp_path, mo
     ]
     assert runs[0].status == "complete", runs[0].reason
     assert [vars(h) for h in runs[1].history] == [vars(h) for h in runs[0].history]
+
+
+def test_data_summary_says_the_disk_the_cache_takes(tmp_path, monkeypatch):
+    """One line: decoded 36 px glyphs (64 × 64 → 36 × 36) and 32 px crops, 1776 images each,
+    in $MLRC_CACHE/decoded, with the free space there; the preset's switch said when off."""
+    from typer.testing import CliRunner
+
+    from mlrc.cli import app
+
+    monkeypatch.setenv("MLRC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cache, "free_bytes", lambda folder: 5 * (1 << 30))
+    r = CliRunner().invoke(app, ["data", "summary", "glyphs", "--preset", "cpu"])
+    assert r.exit_code == 0, r.output
+    images, crops = 1776 * 36 * 36 * 3, 1776 * 32 * 32 * 3  # 6.6 MiB, 5.2 MiB (+ indexes)
+    line = next(x for x in r.output.splitlines() if x.startswith("decoded cache"))
+    assert line == (
+        f"decoded cache (preset cpu, resize 36, crop 32): {(images + crops) / 2**20:.0f} MiB "
+        f"({images / 2**20:.0f} MiB images + {crops / 2**20:.0f} MiB evaluation crops) in "
+        f"{tmp_path / 'cache' / 'decoded'}, 5.0 GiB free there; off in preset cpu "
+        "(decoded_cache: false)"
+    )
+    r = CliRunner().invoke(app, ["data", "summary", "glyphs", "--preset", "nope"])
+    assert r.exit_code != 0 and "--preset" in r.output

@@ -19,7 +19,7 @@ from mlrc.terminal import check_device, console, fail
 
 if TYPE_CHECKING:
     from mlrc.config import Preset
-    from mlrc.train.throughput import Throughput
+    from mlrc.train.throughput import PlainComparison, Throughput
 
 __all__ = [
     "data_app",
@@ -90,15 +90,27 @@ def data_summary(
     ] = "mlrc",
     folds: Annotated[int, typer.Option(help="number of folds")] = 4,
     split: SplitOpt = None,
+    preset: Annotated[
+        str, typer.Option(help="preset name or path: the decoded cache's size at its image size")
+    ] = "reference",
 ) -> None:
-    """Print class counts and the folds a study trains on a dataset: MLRC's split with the
-    presets' defaults (scheme mlrc, 4 folds), or the split --split/--scheme/--folds give."""
+    """Print class counts, the disk the preset's decoded cache takes (decoded images and
+    evaluation crops, from the image headers: where it goes and the free space there) and the
+    folds a study trains on a dataset: MLRC's split with the presets' defaults (scheme mlrc,
+    4 folds), or the split --split/--scheme/--folds give."""
+    from mlrc.config import load_preset
+
+    try:
+        p = load_preset(preset, source="--preset")
+    except ConfigError as e:
+        fail(str(e))
     ds = _load(name, root)
     counts = ds.class_counts()
     console.print(
         f"{ds.name}: {len(ds)} images, {ds.num_classes} classes, "
         f"{counts.min()}–{counts.max()} images per class"
     )
+    console.print(_cache_line(ds, p, preset), highlight=False, soft_wrap=True)
     parts = _split(ds, split, folds, scheme)
     console.print(parts.summary(), highlight=False)
     if split is not None:  # the classes by name, per part
@@ -107,6 +119,26 @@ def data_summary(
             console.print(
                 f"fold {f.index} validation classes: {_names(ds, f.val_classes)}", highlight=False
             )
+
+
+def _cache_line(ds: data.ImageDataset, p: Preset, name: str) -> str:
+    """One line: the bytes of ``ds``'s decoded cache + evaluation crops at the preset's image
+    size, where they go, the free disk there."""
+    from mlrc.data.cache import default_cache_dir, estimate_cache_bytes, free_bytes, size_text
+
+    im = p.image
+    try:
+        est = estimate_cache_bytes(ds, im.resize, im.crop)
+    except DatasetError as e:
+        fail(str(e))
+    folder = default_cache_dir()
+    total, images, crops = (size_text(n) for n in (est.total, est.decoded, est.eval_crops))
+    off = "" if p.decoded_cache else f"; off in preset {name} (decoded_cache: false)"
+    return (
+        f"decoded cache (preset {name}, resize {im.resize}, crop {im.crop}): {total} ({images} "
+        f"images + {crops} evaluation crops) in {folder}, {size_text(free_bytes(folder))} free "
+        f"there{off}"
+    )
 
 
 @data_app.command("check")
@@ -196,6 +228,13 @@ def data_bench(
         int | None, typer.Option(help="loader workers (default: the preset's num_workers)")
     ] = None,
     seconds: Annotated[float, typer.Option(help="seconds per measurement")] = 10.0,
+    plain: Annotated[
+        bool,
+        typer.Option(
+            "--plain",
+            help="also time a plain PIL + torchvision chain of the same transforms, per core",
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON only")] = False,
 ) -> None:
     """Measure a fold's input pipeline on this machine's CPUs: the decoded cache (built first,
@@ -222,7 +261,7 @@ def data_bench(
             f"{len(val)} validation classes), {p.num_workers} loader workers",
             highlight=False,
         )
-    result = _measure(p, ds, train, val, seconds, not json_out)
+    result = _measure(p, ds, train, val, seconds, not json_out, plain)
     if json_out:
         print(json.dumps(result.to_json(), indent=2))
         return
@@ -259,13 +298,14 @@ def _measure(
     val: tuple[int, ...],
     seconds: float,
     progress: bool,
+    plain: bool,
 ) -> Throughput:
     """:func:`mlrc.train.throughput.measure`; an unreadable image or a fold the sampler cannot
     batch is one line."""
     from mlrc.train.throughput import measure
 
     try:
-        return measure(p, ds, train, val, seconds, progress)
+        return measure(p, ds, train, val, seconds, progress, plain=plain)
     except (DatasetError, ValueError) as e:
         fail(str(e))
 
@@ -301,4 +341,20 @@ def _print_bench(result: Throughput, p: Preset) -> None:
         console.print(gpu)
         if g.estimate:
             console.print(f"† {g.source}; bench/gpu_fold.py measures it", highlight=False)
+    if result.plain is not None:
+        _print_plain(result.plain)
     console.print(result.verdict(), highlight=False)
+
+
+def _print_plain(plain: PlainComparison) -> None:
+    """Per core, the fold's pipeline against the plain chain (issue #22's goals: 3× and 10×)."""
+    table = Table(title="Per core (main process, 1 thread): the fold's vs a plain PIL chain")
+    for col in ("pipeline", "fold img/s", "plain img/s", "×", "goal"):
+        table.add_column(col, justify="left" if col == "pipeline" else "right")
+    for name, goal, fold, other in (
+        ("training", "≥ 3×", plain.train_fold, plain.train_plain),
+        ("evaluation", "≥ 10×", plain.eval_fold, plain.eval_plain),
+    ):
+        ratio = fold / other if other > 0 else 0.0
+        table.add_row(name, f"{fold:,.0f}", f"{other:,.0f}", f"{ratio:.1f}", goal)
+    console.print(table)

@@ -312,7 +312,10 @@ def image_size(source: Source, origin: str) -> tuple[int, int]:
 
 
 def free_bytes(folder: Path) -> int:
-    """Free bytes on the disk holding ``folder`` (for the unprivileged user)."""
+    """Free bytes on the disk that holds (or would hold) ``folder``."""
+    folder = Path(folder).absolute()
+    while not folder.exists() and folder != folder.parent:  # not made yet: its disk
+        folder = folder.parent
     return shutil.disk_usage(folder).free
 
 
@@ -322,15 +325,15 @@ def check_room(folder: Path, needed: int) -> None:
     free = free_bytes(folder)
     if free < needed + DISK_MARGIN:
         raise DatasetError(
-            f"{folder}: not enough disk for the decoded image cache ({gib(needed)} needed "
-            f"+ {gib(DISK_MARGIN)} margin, {gib(free)} free): set MLRC_CACHE to a bigger disk "
-            "or decoded_cache: false"
+            f"{folder}: not enough disk for the decoded image cache ({size_text(needed)} "
+            f"needed + {size_text(DISK_MARGIN)} margin, {size_text(free)} free): set MLRC_CACHE "
+            "to a bigger disk or decoded_cache: false"
         )
 
 
-def gib(n: int) -> str:
-    """``n`` bytes in GiB, as people read it (``3.1 GiB``)."""
-    return f"{n / (1 << 30):.1f} GiB"
+def size_text(n: int) -> str:
+    """``n`` bytes as people read them: ``3.1 GiB``, ``12 MiB``."""
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
 
 
 def _index_bytes(n: int) -> int:
