@@ -45,6 +45,7 @@ __all__ = [
     "SlurmError",
     "SlurmStatus",
     "WorkerJob",
+    "job_parameters",
     "jobs_folder",
     "parse_time",
     "slurm_status",
@@ -207,13 +208,20 @@ def submit(
     grace: int | None = None,
     threads: int | None = None,
     extra: dict[str, Any] | None = None,
+    mps: bool = False,
 ) -> list[str]:
     """Submit ``workers`` Slurm jobs (one array of ``workers`` tasks with ``array``) running
-    :class:`WorkerJob`; record their ids in ``jobs.json``; return them."""
+    :class:`WorkerJob`; record their ids in ``jobs.json``; return them. ``mps``: each job
+    starts a CUDA MPS daemon before its workers and stops it after them (:mod:`mlrc.mps`)."""
     import submitit
 
     from mlrc import store
 
+    if mps and not gpus_per_worker:
+        raise SlurmError(
+            "--mps shares the jobs' GPUs between packed workers: it needs "
+            "--gpus-per-worker N (N ≥ 1)"
+        )
     _check_submittable(storage)
     minutes = parse_time(time_limit)
     store.connect(storage).dispose()  # reachable (StoreError: one line) before N jobs find out
@@ -232,6 +240,53 @@ def submit(
         threads=threads,
     )
     executor = submitit.SlurmExecutor(folder=folder / "%j", max_num_timeout=10)
+    executor.update_parameters(
+        **job_parameters(
+            study,
+            minutes,
+            workers,
+            partition=partition,
+            gpus_per_worker=gpus_per_worker,
+            per_gpu=per_gpu,
+            cpus_per_worker=cpus_per_worker,
+            mem=mem,
+            extra=extra,
+            mps=mps,
+        )
+    )
+    with _sbatch_stderr() as said:
+        try:
+            if array:
+                with executor.batch():
+                    jobs = [executor.submit(job) for _ in range(workers)]
+            else:
+                jobs = [executor.submit(job) for _ in range(workers)]
+        except Exception as e:  # submitit's FailedJobError carries sbatch's whole output
+            raise SlurmError(f"sbatch refused the jobs: {_sbatch_line(said(), e)}") from None
+    ids = [str(j.job_id) for j in jobs]
+    _record(folder, ids, partition, minutes, gpus_per_worker, per_gpu, array)
+    return ids
+
+
+def job_parameters(
+    study: str,
+    minutes: int,
+    workers: int,
+    *,
+    partition: str | None = None,
+    gpus_per_worker: int = 0,
+    per_gpu: int = 1,
+    cpus_per_worker: int = 1,
+    mem: str | None = None,
+    extra: dict[str, Any] | None = None,
+    mps: bool = False,
+) -> dict[str, Any]:
+    """submitit's ``SlurmExecutor`` parameters of the study's worker jobs: one node, one task,
+    ``cpus_per_worker`` × the job's worker processes, ``gres gpu:N``; with ``mps`` the job
+    script's setup lines start a CUDA MPS daemon and its teardown lines stop it
+    (:func:`mlrc.mps.job_setup`, :func:`mlrc.mps.job_teardown`)."""
+    from mlrc.mps import job_setup, job_teardown
+
     params: dict[str, Any] = {
         "job_name": f"mlrc-{study}",
         "time": minutes,
@@ -248,19 +303,9 @@ def submit(
         params["gres"] = f"gpu:{gpus_per_worker}"
     if mem:
         params["mem"] = mem
-    executor.update_parameters(**params)
-    with _sbatch_stderr() as said:
-        try:
-            if array:
-                with executor.batch():
-                    jobs = [executor.submit(job) for _ in range(workers)]
-            else:
-                jobs = [executor.submit(job) for _ in range(workers)]
-        except Exception as e:  # submitit's FailedJobError carries sbatch's whole output
-            raise SlurmError(f"sbatch refused the jobs: {_sbatch_line(said(), e)}") from None
-    ids = [str(j.job_id) for j in jobs]
-    _record(folder, ids, partition, minutes, gpus_per_worker, per_gpu, array)
-    return ids
+    if mps:
+        params["setup"], params["teardown"] = job_setup(), job_teardown()
+    return params
 
 
 @contextlib.contextmanager

@@ -196,3 +196,55 @@ def test_a_fold_run_records_its_thread_count(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     with store.session(store.connect(url)) as s:
         assert [f.threads for f in s.query(FoldRun)] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("threads_", "loaders", "device", "expected"),
+    [(2, 0, "cpu", 2), (2, 4, "cpu", 6), (8, 4, "cuda:3", 5), (8, 0, "cuda", 1), (1, 2, "mps", 3)],
+)
+def test_a_fold_keeps_its_loader_processes_cores_busy(threads_, loaders, device, expected):
+    assert threads.fold_cores(threads_, loaders, device) == expected
+
+
+GPU_FOLD = """
+import sys, time
+from pathlib import Path
+from mlrc.train import threads
+threads.configure(None, Path(sys.argv[1]))
+with threads.fold_slot(threads.fold_cores(8, int(sys.argv[2]), "cuda:0"), wait=False):
+    print("ready", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_gpu_folds_loader_processes_make_cpu_folds_wait_and_it_never_waits(tmp_path):
+    import threading
+    import time
+
+    d = tmp_path / "workers"
+    cores = threads.visible_cores()
+    cmd = [sys.executable, "-c", GPU_FOLD, str(d), str(cores)]  # 1 + cores loader processes
+    gpu = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert gpu.stdout is not None and gpu.stdout.readline().strip() == "ready"
+        assert [p.name.split(".", 1)[1] for p in d.glob("*.slot")] == [f"run-{cores + 1}.slot"]
+        threads.configure(None, d)
+        with threads.fold_slot(threads.fold_cores(1, 2, "cuda:1"), wait=False):
+            pass  # another GPU fold: at once, though every core is taken
+        entered: list[float] = []
+
+        def cpu_fold() -> None:
+            with threads.fold_slot(threads.fold_cores(1, 0, "cpu")):
+                entered.append(time.monotonic())
+
+        t = threading.Thread(target=cpu_fold)
+        t.start()
+        time.sleep(1.0)
+        assert entered == []  # the GPU fold's loader processes hold the host's cores
+        ended = time.monotonic()
+    finally:
+        gpu.kill()
+        gpu.wait()
+    t.join(timeout=30)
+    threads.reset()
+    assert entered and entered[0] >= ended

@@ -71,10 +71,19 @@ def slurm_submit(
         int | None, typer.Option(help="a trial without heartbeat this long is retried, s (4×)")
     ] = None,
     threads: ThreadsOpt = None,
+    mps: Annotated[
+        bool,
+        typer.Option(
+            "--mps",
+            help="each job runs its --per-gpu workers under CUDA MPS (the job script starts "
+            "and stops the daemon)",
+        ),
+    ] = False,
 ) -> None:
     """Submit N Slurm jobs, each running `mlrc worker` (K per GPU with --per-gpu K) on the
     study's PostgreSQL URL. A cancelled or preempted job's trial is retried by the others; a job
-    at its time limit is requeued. Job ids are recorded under ARTIFACTS/slurm/STUDY/."""
+    at its time limit is requeued. Job ids are recorded under ARTIFACTS/slurm/STUDY/. With --mps
+    each job starts a CUDA MPS daemon for its GPUs before its workers and stops it after them."""
     from mlrc.slurm import SlurmError, submit
 
     if not storage:
@@ -100,6 +109,7 @@ def slurm_submit(
                 heartbeat=heartbeat,
                 grace=grace,
                 threads=threads,
+                mps=mps,
             )
         except SlurmError as e:
             fail(str(e))

@@ -168,6 +168,9 @@ def study_run(
     check_artifacts(artifacts)
     check_track(track)
     if backend == "local":  # Ray sets its tasks' threads itself
+        from mlrc.train.numerics import bind_device
+
+        bind_device(device)  # cuda:N: no stray context on GPU 0
         fair_share(threads, quiet)
     with (
         interrupts(),
@@ -234,6 +237,9 @@ def study_test(
     check_device(device)
     check_artifacts(artifacts)
     check_track(track)
+    from mlrc.train.numerics import bind_device
+
+    bind_device(device)  # cuda:N: no stray context on GPU 0
     fair_share(threads, quiet)
     with (
         interrupts(),

@@ -31,7 +31,7 @@ from mlrc.terminal import (
     user_errors,
 )
 
-__all__ = ["packed_workers", "worker"]
+__all__ = ["check_mps", "packed_workers", "worker"]
 
 
 def worker(
@@ -57,6 +57,14 @@ def worker(
             "--per-gpu", min=1, help="N worker processes sharing --device (packs small trials)"
         ),
     ] = 1,
+    mps: Annotated[
+        bool,
+        typer.Option(
+            "--mps",
+            help="run the --per-gpu workers under CUDA MPS (starts and stops its daemon; "
+            "not Apple's --device mps)",
+        ),
+    ] = False,
     quiet: QuietOpt = False,
     threads: ThreadsOpt = None,
     trials: TrialsOpt = None,
@@ -67,7 +75,8 @@ def worker(
     """One worker of a pool: run trials of the study until its budget of finished trials is
     reached by the whole pool, then exit 0. Start any number, on any machines, against one
     PostgreSQL database (SQLite allows a single worker). ``--per-gpu N`` starts N such workers
-    on the same device as separate processes (the exit code is the first non-zero one)."""
+    on the same device as separate processes (the exit code is the first non-zero one);
+    ``--mps`` runs them under a CUDA MPS daemon started for them and stopped after them."""
     import logging
     import os
 
@@ -75,6 +84,8 @@ def worker(
 
     if heartbeat < 1 or (grace is not None and grace <= heartbeat):
         fail("--heartbeat must be ≥ 1 s and --grace longer than --heartbeat")
+    if mps:
+        check_mps(device, per_gpu)
     check_device(device)
     check_artifacts(artifacts)
     check_track(track)
@@ -92,10 +103,23 @@ def worker(
         args += ["--heartbeat", str(heartbeat)] + (["--grace", str(grace)] if grace else [])
         args += ["--threads", str(threads)] if threads else []  # else each takes its share
         args += (["--trials", str(trials)] if trials else []) + (["--keep", keep] if keep else [])
-        raise typer.Exit(packed_workers(per_gpu, args + (["--quiet"] if quiet else []), storage))
+        args += ["--quiet"] if quiet else []
+        if not mps:
+            raise typer.Exit(packed_workers(per_gpu, args, storage))
+        from mlrc.mps import MPSError, mps_daemon
+
+        try:
+            with mps_daemon() as mps_env:
+                code = packed_workers(per_gpu, args, storage, mps_env)
+        except MPSError as e:
+            fail(str(e))
+        raise typer.Exit(code)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker {os.getpid()} %(levelname)s %(message)s"
     )
+    from mlrc.train.numerics import bind_device
+
+    bind_device(device)  # cuda:N: no context on GPU 0 (the packing parent above binds none)
     fair_share(threads, quiet)
     with (
         interrupts(),
@@ -126,9 +150,27 @@ def worker(
         print_status_by_name(ctx.engine, ctx.name)
 
 
-def packed_workers(n: int, args: list[str], storage: str) -> int:
+def check_mps(device: str, per_gpu: int) -> None:
+    """Refuse ``--mps`` (one line, exit 2) before anything starts: without ``--per-gpu N ≥ 2``
+    or a CUDA ``--device``, or where ``nvidia-cuda-mps-control`` is not on PATH."""
+    from mlrc.mps import MPSError, control_path
+
+    if per_gpu < 2:
+        fail("--mps shares one GPU between packed workers: it needs --per-gpu N (N ≥ 2)")
+    if device.split(":", 1)[0] != "cuda":
+        fail(f"--mps is CUDA's Multi-Process Service: it needs --device cuda[:N], not {device}")
+    try:
+        control_path()
+    except MPSError as e:
+        fail(str(e))
+
+
+def packed_workers(
+    n: int, args: list[str], storage: str, extra_env: dict[str, str] | None = None
+) -> int:
     """Run ``mlrc worker ARGS`` n times as child processes (the storage URL goes by environment,
-    never on a command line); SIGINT/SIGTERM are passed on; returns the first non-zero exit."""
+    never on a command line; ``extra_env``: the MPS daemon's variables, say); SIGINT/SIGTERM
+    are passed on; returns the first non-zero exit."""
     import os
     import signal
     import subprocess
@@ -137,6 +179,7 @@ def packed_workers(n: int, args: list[str], storage: str) -> int:
     from mlrc.cli import debugging
 
     env = {**os.environ, "MLRC_STORAGE": storage, **({"MLRC_DEBUG": "1"} if debugging() else {})}
+    env.update(extra_env or {})
     cmd = [sys.executable, "-m", "mlrc.cli", "worker", *args]
     children = [subprocess.Popen(cmd, env=env) for _ in range(n)]
     console.print(f"started {n} workers on one device: pids {[c.pid for c in children]}")

@@ -4,7 +4,6 @@ one resumes from its ``last.pt`` (the fold trainer's concern)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from mlrc.search.errors import StudyError
 from mlrc.search.retention import release_fold
 from mlrc.store import trials
 from mlrc.train import CheckpointError, EpochRecord, FoldResult, FoldSpec, train_fold
-from mlrc.train.threads import apply_threads, fold_slot
+from mlrc.train.threads import apply_threads, fold_cores, fold_slot
 
 log = logging.getLogger("mlrc")
 
@@ -90,8 +89,11 @@ def run_fold(
         ctx.tracker.epoch(job, trial_number, rec)  # MLflow/W&B, when tracked (never raises)
 
     spec = fold_spec(ctx, job, params, seed, trial_number)
-    try:  # on the CPU, folds take turns for the host's cores (a GPU fold does not wait)
-        with fold_slot(threads) if ctx.device == "cpu" else contextlib.nullcontext():
+    # folds take turns for the host's cores (torch threads and loader processes); a GPU fold
+    # does not wait, but holds its loader processes' cores so that CPU folds beside it wait
+    cores = fold_cores(threads, ctx.resolved.preset.num_workers, ctx.device)
+    try:
+        with fold_slot(cores, wait=ctx.device == "cpu"):
             res = train_fold(spec, on_validation=record)
     except CheckpointError as e:  # disk full, unreadable last.pt: the run stops, one line
         raise StudyError(str(e)) from None

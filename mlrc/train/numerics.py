@@ -38,7 +38,7 @@ from typing import Any
 
 from mlrc.config import Preset
 
-__all__ = ["CUBLAS_WORKSPACE", "apply_numerics", "cudnn_text", "provenance"]
+__all__ = ["CUBLAS_WORKSPACE", "apply_numerics", "bind_device", "cudnn_text", "provenance"]
 
 log = logging.getLogger("mlrc")
 
@@ -71,6 +71,23 @@ def apply_numerics(preset: Preset, device: str) -> None:
         torch.backends.cudnn.benchmark = False
     elif _is_cuda(device):
         torch.backends.cudnn.benchmark = preset.cudnn_benchmark
+
+
+def bind_device(device: str) -> None:
+    """Make ``cuda:N`` this process's current CUDA device (nothing for ``cpu``, ``cuda``,
+    ``mps``), before any CUDA work: otherwise every process opens a context on GPU 0 too
+    (several hundred MB each), the first time anything uses the current device — the
+    DataLoader's pin-memory thread, ``pin_memory()``, a ``torch.cuda`` call without a device.
+
+    ``torch.cuda.set_device`` rather than ``CUDA_VISIBLE_DEVICES``: the device keeps its name
+    (``cuda:3`` in the logs and the fold's provenance is GPU 3 of this machine), it works in a
+    process already started (a single ``mlrc worker``, not only spawned children), and the
+    children of ``--per-gpu`` under MPS see the GPUs as the MPS daemon does."""
+    import torch
+
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is not None:
+        torch.cuda.set_device(d.index)
 
 
 def provenance(device: str, preset: Preset | None = None) -> dict[str, Any]:

@@ -21,6 +21,10 @@ host are counted (the directory may be on a shared home). A fold that runs holds
 
 DataLoader workers (``num_workers`` of the preset) are left as the preset says: their number
 changes the augmentation's random streams, hence a study's numbers. The cpu preset uses none.
+They count in the host's share all the same: a fold keeps :func:`fold_cores` cores busy (its
+torch threads on the CPU, one on a GPU, plus one per loader process), which is what its slot
+holds. A GPU fold takes its slot without waiting (an idle GPU costs more than a busy core) so
+that the CPU folds beside it wait for the cores its loader processes use.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ __all__ = [
     "configure",
     "count_workers",
     "fair_threads",
+    "fold_cores",
     "fold_slot",
     "initial_threads",
     "lock_dir",
@@ -243,19 +248,29 @@ def apply_threads(n: int) -> int:
     return n
 
 
+def fold_cores(threads: int, loader_workers: int, device: str) -> int:
+    """The host cores a fold keeps busy: one per DataLoader worker process (``num_workers``;
+    each computes with one torch thread) plus, on the CPU, its ``threads`` torch threads, or on
+    a GPU (``cuda``, ``cuda:N``, ``mps``) one: the thread that launches the kernels."""
+    main = threads if device.split(":", 1)[0] == "cpu" else 1
+    return main + max(0, loader_workers)
+
+
 @contextlib.contextmanager
-def fold_slot(threads: int) -> Iterator[None]:
-    """Hold ``threads`` of this host's cores while a fold runs: wait (one log line) while the
-    folds other mlrc processes are running hold so many that this one would not fit, or while an
-    older waiter waits. Never a deadlock: a fold runs whenever no other process runs one, and
-    only live processes are waited for (a killed one's files are free locks, removed). Nothing
-    is waited for unless :func:`configure` was called (an mlrc command, not a library call)."""
+def fold_slot(threads: int, wait: bool = True) -> Iterator[None]:
+    """Hold ``threads`` of this host's cores while a fold runs (:func:`fold_cores`: its torch
+    threads and loader processes): wait (one log line) while the folds other mlrc processes are
+    running hold so many that this one would not fit, or while an older waiter waits.
+    ``wait=False`` (a GPU fold): take the slot at once, so that others count its cores. Never a
+    deadlock: a fold runs whenever no other process runs one, and only live processes are
+    waited for (a killed one's files are free locks, removed). Nothing is waited for unless
+    :func:`configure` was called (an mlrc command, not a library call)."""
     if not _state.configured:
         yield
         return
     d = _state.directory or lock_dir()
     try:
-        held = _claim(d, threads)
+        held = _claim(d, threads) if wait else _take(d, threads)
     except OSError as e:  # an unwritable cache folder: run without taking turns
         log.warning("cpu share: no fold slots in %s (%s)", d, e)
         yield
@@ -264,6 +279,12 @@ def fold_slot(threads: int) -> Iterator[None]:
         yield
     finally:
         _drop(held)
+
+
+def _take(d: Path, threads: int) -> FileLock:
+    """Take a slot in ``d`` without waiting: the held ``run`` file."""
+    with _mutex(d):
+        return _hold(d / f"{_host_prefix()}{os.getpid()}.run-{threads}.slot")
 
 
 def _claim(d: Path, threads: int) -> FileLock:
@@ -290,7 +311,8 @@ def _wait_and_take(d: Path, threads: int, waiting: list[FileLock]) -> FileLock:
                 waiting.append(_hold(d / f"{prefix}{pid}.wait-{time.time_ns()}.slot"))
                 log.warning(
                     "cpu share: waiting for a free slot (%d of %d cores busy with other mlrc "
-                    "processes' folds; this study's folds use %d thread%s)",
+                    "processes' folds; this study's folds use %d core%s: torch threads and "
+                    "loader processes)",
                     busy,
                     cores,
                     threads,
