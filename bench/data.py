@@ -55,7 +55,6 @@ from PIL import Image
 from rich.console import Console
 from rich.table import Table
 from torch.utils.data import DataLoader
-from torchvision import transforms as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, write_csv  # noqa: E402
@@ -66,7 +65,13 @@ from mlrc.data.transforms import to_trunk_input  # noqa: E402
 from mlrc.methods import samplers  # noqa: E402
 from mlrc.train.embed import IndexedView, View  # noqa: E402
 from mlrc.train.setup import fold_inputs, make_loaders  # noqa: E402
-from mlrc.train.throughput import Throughput, measure, trunk_input_spec  # noqa: E402
+from mlrc.train.throughput import (  # noqa: E402
+    Throughput,
+    measure,
+    plain_eval_transform,
+    plain_train_transform,
+    trunk_input_spec,
+)
 
 SIZES = [(500, 375), (375, 500), (500, 333)]  # (width, height); CUB photos are mostly these
 CLASSES = 10
@@ -94,31 +99,6 @@ def make_jpegs(folder: Path, n: int, seed: int = 0) -> list[str]:
     return paths
 
 
-# --- the plain chain: what a torchvision user writes ------------------------------------------
-
-
-def plain_tail(spec: dict) -> list:
-    """ToTensor → the trunk's range and channel order → Normalize, per image (float32)."""
-    return [
-        T.ToTensor(),
-        T.Lambda(lambda x: x * float(spec["input_range"])),
-        T.Lambda(lambda x: x.flip(0) if spec["bgr"] else x),
-        T.Normalize(spec["mean"], spec["std"]),
-    ]
-
-
-def plain_train(p: Preset, spec: dict) -> T.Compose:
-    im = p.image
-    steps = [T.Resize(im.resize), T.RandomResizedCrop(im.crop, scale=im.scale, ratio=im.ratio)]
-    if im.flip:
-        steps.append(T.RandomHorizontalFlip(0.5))
-    return T.Compose(steps + plain_tail(spec))
-
-
-def plain_eval(p: Preset, spec: dict) -> T.Compose:
-    return T.Compose([T.Resize(p.image.resize), T.CenterCrop(p.image.crop), *plain_tail(spec)])
-
-
 # --- the two pipelines, built alike ------------------------------------------------------------
 
 
@@ -136,8 +116,8 @@ def loaders(p: Preset, ds: ImageDataset, spec: dict, iterations: int) -> dict[st
     fold_train, fold_eval = make_loaders(
         p0, train_set, val_set, sampler(p0, train_set.labels, iterations), "cpu"
     )
-    plain_train_set = View(ds, classes, plain_train(p, spec))
-    plain_val_set = View(ds, classes, plain_eval(p, spec))
+    plain_train_set = View(ds, classes, plain_train_transform(p, spec))
+    plain_val_set = View(ds, classes, plain_eval_transform(p, spec))
     return {
         "fold training": fold_train,
         "plain training": DataLoader(

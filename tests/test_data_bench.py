@@ -8,12 +8,26 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from typer.testing import CliRunner
 
+from mlrc import data
 from mlrc.cli import app
 from mlrc.config import load_preset
-from mlrc.train.throughput import GPU_ESTIMATES, CacheTiming, Rate, Throughput, gpu_demand
+from mlrc.data.transforms import to_trunk_input
+from mlrc.train.embed import View
+from mlrc.train.setup import fold_inputs
+from mlrc.train.throughput import (
+    GPU_ESTIMATES,
+    CacheTiming,
+    Rate,
+    Throughput,
+    gpu_demand,
+    plain_eval_transform,
+    plain_train_transform,
+    trunk_input_spec,
+)
 
 runner = CliRunner()
 
@@ -58,10 +72,33 @@ def test_json_of_a_folder_of_jpegs_has_the_figures(jpegs):
 
 
 def test_a_registered_dataset_without_cache_and_a_trunk_without_gpu_figure():
-    out = bench_json("glyphs", "--preset", "cpu")
+    out = bench_json("glyphs", "--preset", "cpu", "--plain")
     assert out["cache"] == {"build_s": out["cache"]["build_s"], "bytes": 0}
     assert out["train"]["img_per_s"] > 0 and out["eval"]["img_per_s"] > 0
     assert out["gpu"] is None and "no GPU figure" in out["verdict"]
+    for part in ("train", "eval"):  # --plain: per core, the fold's and the plain chain's
+        assert set(out["plain"][part]) == {"fold_per_core", "plain_per_core", "ratio"}
+        assert all(v > 0 for v in out["plain"][part].values()), out["plain"]
+
+
+def test_the_plain_chain_gives_the_folds_pixels(jpegs):
+    """What --plain and bench/data.py compare with is the same transform: from the same torch
+    RNG state, the plain chain's float tensors equal the fold's uint8 images (decoded cache,
+    evaluation crops) once normalised as on the device — and differ from another draw."""
+    p = load_preset("reference")
+    spec = trunk_input_spec(p)
+    ds = data.build("image_folder", root=jpegs)
+    classes = list(range(ds.num_classes))
+    _, train_set, val_set = fold_inputs(p, ds, classes, classes, spec)
+    plain_train = View(ds, classes, plain_train_transform(p, spec))
+    plain_val = View(ds, classes, plain_eval_transform(p, spec))
+    for i in (0, 5, 50):
+        torch.manual_seed(i)
+        fold = to_trunk_input(train_set[i][0], spec)
+        torch.manual_seed(i)
+        assert torch.equal(fold, plain_train[i][0])
+        assert not torch.equal(fold, plain_train[i][0])  # the RNG moved on: another crop
+        assert torch.equal(to_trunk_input(val_set[i][0], spec), plain_val[i][0])
 
 
 def test_tables_and_verdict(jpegs):

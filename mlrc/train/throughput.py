@@ -56,8 +56,11 @@ __all__ = [
     "GpuDemand",
     "Rate",
     "Throughput",
+    "PlainComparison",
     "gpu_demand",
     "measure",
+    "plain_eval_transform",
+    "plain_train_transform",
     "trunk_input_spec",
 ]
 
@@ -116,6 +119,33 @@ class GpuDemand:
 
 
 @dataclass
+class PlainComparison:
+    """Images/s per core (the main process, 1 torch thread) of the fold's pipeline and of a
+    plain PIL + torchvision chain of the same transforms on the original images (decode →
+    Resize → RandomResizedCrop → flip, or → CenterCrop; → ToTensor → the trunk's range and
+    channel order → Normalize), for training and evaluation."""
+
+    train_fold: float
+    train_plain: float
+    eval_fold: float
+    eval_plain: float
+
+    def to_json(self) -> dict[str, dict[str, float]]:
+        """Per pipeline: the two rates and their ratio (the fold's ÷ the plain chain's)."""
+        return {
+            part: {
+                "fold_per_core": round(fold, 1),
+                "plain_per_core": round(plain, 1),
+                "ratio": round(fold / plain, 2) if plain > 0 else 0.0,
+            }
+            for part, fold, plain in (
+                ("train", self.train_fold, self.train_plain),
+                ("eval", self.eval_fold, self.eval_plain),
+            )
+        }
+
+
+@dataclass
 class Throughput:
     """Everything ``mlrc data bench`` prints."""
 
@@ -125,6 +155,7 @@ class Throughput:
     workers: int
     cores: int
     gpu: GpuDemand | None
+    plain: PlainComparison | None = None
 
     def verdict(self) -> str:
         """One line: what the CPUs feed against what the GPU takes."""
@@ -161,6 +192,7 @@ class Throughput:
             "cores": self.cores,
             "gpu": asdict(self.gpu) if self.gpu else None,
             "verdict": self.verdict(),
+            **({"plain": self.plain.to_json()} if self.plain else {}),
         }
 
 
@@ -183,9 +215,12 @@ def measure(
     seconds: float = 10.0,
     progress: bool = True,
     seed: int = 0,
+    plain: bool = False,
 ) -> Throughput:
     """Time the fold's input pipeline (see the module docstring) with ``preset.num_workers``
-    loader workers; each of the two measurements takes about ``seconds`` (s) after the cache."""
+    loader workers; each of the two measurements takes about ``seconds`` (s) after the cache.
+    ``plain``: also compare it per core with a plain chain (:class:`PlainComparison`: four
+    more measurements of ``seconds / 2``)."""
     if seconds <= 0:
         raise ValueError(f"seconds must be positive, not {seconds}")
     spec = trunk_input_spec(preset)
@@ -195,11 +230,107 @@ def measure(
     workers = preset.num_workers
     cores = 1 if workers == 0 else max(1, min(workers, visible_cores()))
     with _one_thread(workers == 0):
-        train = _train_rate(preset, train_set, val_set, seconds, progress, seed, cores)
-        n_eval = _eval_images(train.img_per_s, seconds, preset, len(val_set))
-        val_head = Subset(val_set, range(n_eval))
-        evaluation = _eval_rate(preset, train_set, val_head, seconds, progress, seed, cores)
-    return Throughput(train, evaluation, cache, workers, cores, gpu_demand(preset))
+        train, evaluation = _fold_rates(preset, train_set, val_set, seconds, progress, seed, cores)
+    result = Throughput(train, evaluation, cache, workers, cores, gpu_demand(preset))
+    if plain:
+        result.plain = _compare_plain(
+            preset, dataset, (train_set, val_set), (train_classes, val_classes), spec, seconds / 2
+        )
+    return result
+
+
+def _fold_rates(
+    p: Preset, train_set: Any, val_set: Any, seconds: float, progress: bool, seed: int, cores: int
+) -> tuple[Rate, Rate]:
+    """Training, then evaluation (its pass sized by the training rate), through the fold's
+    loaders (``make_loaders``)."""
+    until = _sampler(p, train_set.labels, seed)
+    train_loader, _ = make_loaders(p, train_set, val_set, until, "cpu")
+    train = _timed("training pipeline", train_loader, until, seconds, progress, cores)
+    del train_loader  # its persistent workers end here
+    val_head = Subset(val_set, range(_eval_images(train.img_per_s, seconds, p, len(val_set))))
+    _, val_loader = make_loaders(p, train_set, val_head, _sampler(p, train_set.labels, seed), "cpu")
+    return train, _timed("evaluation pipeline", val_loader, None, seconds, progress, cores)
+
+
+def _compare_plain(
+    p: Preset,
+    dataset: ImageDataset,
+    fold_sets: tuple[Any, Any],
+    classes: tuple[Sequence[int], Sequence[int]],
+    spec: dict,
+    seconds: float,
+) -> PlainComparison:
+    """Per core: the fold's views and the plain chain's, in the main process, 1 thread."""
+    from torch.utils.data import DataLoader
+
+    from mlrc.train.embed import IndexedView, View
+
+    p0 = p.model_copy(update={"num_workers": 0})
+    plain_train = View(dataset, classes[0], plain_train_transform(p, spec))
+    plain_val = View(dataset, classes[1], plain_eval_transform(p, spec))
+    with _one_thread(True):
+        fold_train, fold_eval = _fold_rates(p0, *fold_sets, seconds, False, 0, 1)
+        until = _sampler(p0, plain_train.labels, 0)
+        loader = DataLoader(IndexedView(plain_train), batch_sampler=until)
+        train = _timed("plain training", loader, until, seconds, False, 1)
+        n = _eval_images(train.img_per_s, seconds, p0, len(plain_val))
+        loader = DataLoader(Subset(plain_val, range(n)), batch_size=p.eval_batch_size)
+        evaluation = _timed("plain evaluation", loader, None, seconds, False, 1)
+    return PlainComparison(
+        fold_train.img_per_s, train.img_per_s, fold_eval.img_per_s, evaluation.img_per_s
+    )
+
+
+def plain_train_transform(p: Preset, spec: dict) -> Any:
+    """The preset's training transform as a torchvision user writes it, on PIL images:
+    Resize → RandomResizedCrop → [flip] → ToTensor → ×range, [BGR] → Normalize (float32, per
+    image). Same pixels as the fold's uint8 batches normalised by ``to_trunk_input``."""
+    from torchvision import transforms as T
+
+    im = p.image
+    steps = [T.Resize(im.resize), T.RandomResizedCrop(im.crop, scale=im.scale, ratio=im.ratio)]
+    if im.flip:
+        steps.append(T.RandomHorizontalFlip(0.5))
+    return T.Compose(steps + _plain_tail(spec))
+
+
+def plain_eval_transform(p: Preset, spec: dict) -> Any:
+    """Resize → CenterCrop → ToTensor → ×range, [BGR] → Normalize, on PIL images."""
+    from torchvision import transforms as T
+
+    return T.Compose([T.Resize(p.image.resize), T.CenterCrop(p.image.crop), *_plain_tail(spec)])
+
+
+def _plain_tail(spec: dict) -> list:
+    from torchvision import transforms as T
+
+    return [
+        T.ToTensor(),
+        _Scale(float(spec["input_range"])),
+        _Bgr(bool(spec["bgr"])),
+        T.Normalize(spec["mean"], spec["std"]),
+    ]
+
+
+class _Scale:
+    """x × factor (a picklable step, for loader workers)."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
+class _Bgr:
+    """RGB → BGR when ``on`` (a picklable step)."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flip(0) if self.on else x
 
 
 def _timed_inputs(
@@ -329,25 +460,12 @@ def _rate(loader: Iterable, until: _Until | None, seconds: float, bar: Any, core
     return Rate(rate, rate / cores, first, later or 0.0, images, busy)
 
 
-def _train_rate(
-    p: Preset, train_set: Any, val_set: Any, seconds: float, progress: bool, seed: int, cores: int
+def _timed(
+    desc: str, loader: Iterable, until: _Until | None, seconds: float, progress: bool, cores: int
 ) -> Rate:
-    until = _sampler(p, train_set.labels, seed)
-    train_loader, _ = make_loaders(p, train_set, val_set, until, "cpu")
-    with tqdm(desc="training pipeline", unit="img", disable=not progress) as bar:
-        rate = _rate(train_loader, until, seconds, bar, cores)
-    del train_loader  # its persistent workers end here
-    return rate
-
-
-def _eval_rate(
-    p: Preset, train_set: Any, val_set: Any, seconds: float, progress: bool, seed: int, cores: int
-) -> Rate:
-    _, val_loader = make_loaders(p, train_set, val_set, _sampler(p, train_set.labels, seed), "cpu")
-    with tqdm(desc="evaluation pipeline", unit="img", disable=not progress) as bar:
-        rate = _rate(val_loader, None, seconds, bar, cores)
-    del val_loader
-    return rate
+    """:func:`_rate` of ``loader`` under a progress bar named ``desc``."""
+    with tqdm(desc=desc, unit="img", disable=not progress) as bar:
+        return _rate(loader, until, seconds, bar, cores)
 
 
 def _eval_images(train_rate: float, seconds: float, p: Preset, available: int) -> int:
