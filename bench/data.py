@@ -23,7 +23,9 @@ random colour fields plus fine grain, quality 90: about 50 KB each), 10 classes,
 2. **With the preset's loader workers** (4; ``--workers``): ``mlrc data bench``'s measurement
    (``mlrc.train.throughput.measure``): img/s, per core, the time to the first batch of the
    fold's first epoch and of a later one — goal ≈ 0 for the later one (under 0.1 s here: a
-   batch's worth of work of one worker at 320 img/s).
+   batch's worth of work of one worker at 320 img/s); then, for contrast, the later epoch's
+   first batch with workers started at every epoch (``persistent_workers: false``, half the
+   time).
 
 3. **Identical pixels**: the first ``--check-batches`` batches of both training loaders from the
    same torch RNG state (and the same sampler seed), and of both evaluation loaders, compared
@@ -186,13 +188,16 @@ def main(argv: list[str] | None = None) -> None:
         classes = list(range(CLASSES))
         console.print(f"loader measurement, {p.num_workers} workers (mlrc data bench's)")
         fold = measure(p, ds, classes, classes, args.seconds, progress=True)
+        console.print("the same, workers started at every epoch (persistent_workers: false)")
+        per_epoch = p.model_copy(update={"persistent_workers": False})
+        fresh = measure(per_epoch, ds, classes, classes, args.seconds / 2, progress=True)
         iterations = max(1, args.images // p.batch.size)
         named = loaders(p, ds, spec, iterations)
         with console.status(f"per core: {args.rounds} epochs of each pipeline"):
             rates = per_core_rates(named, args.rounds)
         with console.status("identical pixels"):
             same = same_pixels(named, spec, args.check_batches)
-    rows = _rows(rates, fold, same, args)
+    rows = _rows(rates, fold, same, args) + _fresh_rows(fresh, args)
     df = pd.DataFrame(rows)
     _print(console, df, args, kb, fold)
     console.print(f"wrote {write_csv(df, 'data')}")
@@ -230,6 +235,19 @@ def _rows(
     rows.append(_row("cache", "build (decoded + evaluation crops)", fold.cache.build_s, "s"))
     rows.append(_row("cache", "bytes", float(fold.cache.bytes), "B"))
     return [dict(r, images=args.images) for r in rows]
+
+
+def _fresh_rows(fresh: Throughput, args: argparse.Namespace) -> list[dict]:
+    """The first batch of a later epoch with workers started at every epoch: what persistent
+    workers save."""
+    section = f"{fresh.workers} per-epoch workers"
+    return [
+        dict(
+            _row(section, f"{what} first batch, later epoch", r.later_first_batch_s, "s"),
+            images=args.images,
+        )
+        for what, r in (("training", fresh.train), ("evaluation", fresh.eval))
+    ]
 
 
 def _row(
