@@ -127,6 +127,19 @@ def test_bad_input_is_one_line(jpegs, args, message):
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], r.output
 
 
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_corrupt_image_is_one_line(jpegs, workers, monkeypatch):
+    """Without the decoded cache (cpu preset) the loaders decode: a corrupt JPEG met in a loader
+    worker is still one line naming the file."""
+    (jpegs / "class03" / "1.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    args = ["data", "bench", str(jpegs), "--preset", "cpu", "--workers", workers, "--json"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.output
+    assert "1.jpg" in lines[0] and "Traceback" not in lines[0]
+
+
 def test_gpu_figure_measured_beats_estimate(tmp_path):
     """bench/gpu_fold.py's CSV: the synthetic-input upper bound of a GPU run is what the GPU
     takes (its fold is the reference's: BN-Inception at batch 32); a CPU run does not count."""

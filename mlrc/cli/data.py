@@ -302,12 +302,13 @@ def _measure(
 ) -> Throughput:
     """:func:`mlrc.train.throughput.measure`; an unreadable image or a fold the sampler cannot
     batch is one line."""
+    from mlrc.errors import first_line, worker_message
     from mlrc.train.throughput import measure
 
     try:
         return measure(p, ds, train, val, seconds, progress, plain=plain)
-    except (DatasetError, ValueError) as e:
-        fail(str(e))
+    except (DatasetError, ValueError) as e:  # from a loader worker: its original message
+        fail(first_line(worker_message(str(e))))
 
 
 def _print_bench(result: Throughput, p: Preset) -> None:
