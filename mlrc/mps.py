@@ -10,8 +10,11 @@ and stopped after them (``echo quit | nvidia-cuda-mps-control``). Its pipe and l
 temporary folder (``$TMPDIR``, else ``/tmp``; a Slurm job's ``mlrc-mps-$SLURM_JOB_ID``):
 NVIDIA recommends a node-local folder, not a shared home, and a private one keeps it apart from
 any other MPS daemon of the node. The workers find the daemon through ``CUDA_MPS_PIPE_DIRECTORY``
-in their environment. The daemon inherits the workers' ``CUDA_VISIBLE_DEVICES``, so it and they
-number the GPUs alike (each worker binds ``cuda:N`` with ``torch.cuda.set_device``).
+in their environment. The daemon inherits ``CUDA_VISIBLE_DEVICES``, if set, and its server
+renumbers those GPUs 0, 1, …; a client's own ``CUDA_VISIBLE_DEVICES`` would be read relative to
+that numbering (NVIDIA's MPS guide: keeping "0,2" for the clients is an error), so the workers
+run without it and see the GPUs numbered as they would have been with it (each binds its
+``cuda:N`` with ``torch.cuda.set_device``).
 """
 
 from __future__ import annotations
@@ -54,10 +57,11 @@ def _env(root: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def mps_daemon() -> Iterator[dict[str, str]]:
-    """Start an MPS control daemon in a private temporary folder, yield the variables the
-    workers need in their environment, and stop it (then remove the folder) at the end.
-    :class:`MPSError` (one line) when it is absent or does not start."""
+def mps_daemon() -> Iterator[dict[str, str | None]]:
+    """Start an MPS control daemon in a private temporary folder, yield the changes to the
+    workers' environment (the MPS folders; ``CUDA_VISIBLE_DEVICES``: None, to be unset, see
+    the module docstring), and stop it (then remove the folder) at the end. :class:`MPSError`
+    (one line) when it is absent or does not start."""
     control = control_path()
     root = Path(tempfile.mkdtemp(prefix="mlrc-mps-"))
     mps = _env(root)
@@ -76,7 +80,7 @@ def mps_daemon() -> Iterator[dict[str, str]]:
                 + f"); its log: {mps['CUDA_MPS_LOG_DIRECTORY']}"
             )
         try:
-            yield mps
+            yield {**mps, "CUDA_VISIBLE_DEVICES": None}
         finally:
             subprocess.run(
                 [control], input="quit\n", env=env, capture_output=True, text=True, timeout=120

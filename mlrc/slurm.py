@@ -114,6 +114,7 @@ class WorkerJob:
     heartbeat: int = 30
     grace: int | None = None
     threads: int | None = None
+    mps: bool = False  # under the job script's CUDA MPS daemon (mlrc.mps.job_setup)
     _procs: list[subprocess.Popen] = field(default_factory=list, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:  # pickled by submitit: no live processes
@@ -140,6 +141,8 @@ class WorkerJob:
 
         job_id = submitit.JobEnvironment().job_id
         env = {**os.environ, "MLRC_STORAGE": self.storage}
+        if self.mps:  # the MPS server numbers the job's GPUs 0, 1, …: see mlrc.mps
+            env.pop("CUDA_VISIBLE_DEVICES", None)
         signal.signal(signal.SIGTERM, self._forward)  # submitit's own handler only logs it
         self._procs = [
             subprocess.Popen(cmd, env=env, preexec_fn=_ignore_usr2)  # noqa: PLW1509
@@ -238,6 +241,7 @@ def submit(
         heartbeat=heartbeat,
         grace=grace,
         threads=threads,
+        mps=mps,
     )
     executor = submitit.SlurmExecutor(folder=folder / "%j", max_num_timeout=10)
     executor.update_parameters(

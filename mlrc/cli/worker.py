@@ -166,11 +166,11 @@ def check_mps(device: str, per_gpu: int) -> None:
 
 
 def packed_workers(
-    n: int, args: list[str], storage: str, extra_env: dict[str, str] | None = None
+    n: int, args: list[str], storage: str, extra_env: dict[str, str | None] | None = None
 ) -> int:
     """Run ``mlrc worker ARGS`` n times as child processes (the storage URL goes by environment,
-    never on a command line; ``extra_env``: the MPS daemon's variables, say); SIGINT/SIGTERM
-    are passed on; returns the first non-zero exit."""
+    never on a command line; ``extra_env``: the MPS daemon's variables, None to unset one);
+    SIGINT/SIGTERM are passed on; returns the first non-zero exit."""
     import os
     import signal
     import subprocess
@@ -179,7 +179,11 @@ def packed_workers(
     from mlrc.cli import debugging
 
     env = {**os.environ, "MLRC_STORAGE": storage, **({"MLRC_DEBUG": "1"} if debugging() else {})}
-    env.update(extra_env or {})
+    for key, value in (extra_env or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     cmd = [sys.executable, "-m", "mlrc.cli", "worker", *args]
     children = [subprocess.Popen(cmd, env=env) for _ in range(n)]
     console.print(f"started {n} workers on one device: pids {[c.pid for c in children]}")

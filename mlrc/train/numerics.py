@@ -14,7 +14,7 @@ legacy flags exist in every torch a GPU machine may have.
 ``deterministic``: ``torch.use_deterministic_algorithms(True, warn_only=True)``, cuDNN's
 deterministic algorithms, ``cudnn.benchmark`` off and ``CUBLAS_WORKSPACE_CONFIG=:4096:8``.
 ``warn_only``: the trunks' own backward passes use CUDA kernels without a deterministic
-implementation (``adaptive_avg_pool2d_backward_cuda`` in every global-pooling trunk), which
+implementation (``adaptive_avg_pool2d_backward_cuda`` in the trunks' global pooling), which
 would otherwise raise in every fold; torch warns once per such kernel instead, and the fold's
 other kernels are deterministic. ``CUBLAS_WORKSPACE_CONFIG`` is read by cuBLAS when it creates
 its workspace, at the process's first cuBLAS call: it must be in the environment before that
