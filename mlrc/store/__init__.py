@@ -17,7 +17,9 @@ Every query, named for what it does, in one module per caller:
 - :mod:`mlrc.store.history`: a study's budget and retention changes;
 - :mod:`mlrc.store.campaigns`: which studies a campaign holds and their progress;
 - :mod:`mlrc.store.reads`: what the report's tables read;
-- :mod:`mlrc.store.snapshot`: what the dashboard reads.
+- :mod:`mlrc.store.snapshot`: what the dashboard reads;
+- :mod:`mlrc.store.provenance` (no SQL): what computed a study's fold runs, in words, for
+  ``study status`` and the report's notes.
 
 SQL lives only in this package (an import-linter contract in pyproject.toml keeps it so).
 """
