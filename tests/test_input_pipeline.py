@@ -315,3 +315,60 @@ def test_data_summary_says_the_disk_the_cache_takes(tmp_path, monkeypatch):
     )
     r = CliRunner().invoke(app, ["data", "summary", "glyphs", "--preset", "nope"])
     assert r.exit_code != 0 and "--preset" in r.output
+
+
+# --- augment_on_device: the same crops and flips, resized where the batch goes ------------------
+
+
+@pytest.mark.parametrize("spec", [BGR, RGB])
+def test_device_crops_are_the_pil_crops_up_to_interpolation_noise(tmp_path, spec):
+    """The same draws (RNG state after each image equal), the same boxes and flips: the
+    device's tensor resize differs from PIL's by rounding (a few levels), never more."""
+    from torch.utils.data import default_collate
+
+    from mlrc.data.transforms import DeviceCrop, DeviceCropTransform, batch_to_trunk_input
+
+    ds = jpeg_dataset(tmp_path / "img")
+    cached = decoded_cache(ds, 256, tmp_path / "c", progress=False).as_arrays()
+    args = (256, 227, (0.16, 1.0), (0.75, 1.33), True, spec)
+    cpu, device = cached_train_transform(*args), DeviceCropTransform(*args, canvas=400)
+    expected, items = [], []
+    for seed in range(4):
+        for i in range(len(ds)):
+            torch.manual_seed(seed)
+            expected.append(cpu(cached.load_image(i)))
+            state = torch.get_rng_state()
+            torch.manual_seed(seed)
+            items.append((device(cached.load_image(i)), i))
+            assert torch.equal(torch.get_rng_state(), state)
+    batch, _ = default_collate(items)
+    assert isinstance(batch, DeviceCrop) and batch.canvas.shape == (len(items), 3, 400, 400)
+    got = batch_to_trunk_input(batch, spec, "cpu")
+    want = torch.stack([to_trunk_input(x, spec) for x in expected])
+    assert got.shape == want.shape and got.dtype == torch.float32
+    diff = (
+        (got - want).abs()
+        * 255
+        / float(spec["input_range"])
+        * torch.tensor(spec["std"]).view(3, 1, 1)
+    )  # in 0–255 levels
+    assert not torch.equal(got, want)  # interpolation noise: not the same numbers
+    assert diff.mean() < 0.5 and diff.max() <= 2.01, (diff.mean(), diff.max())  # here: ≤ 1 level
+
+
+def test_fold_with_augment_on_device_trains_close_to_the_cpu_fold(glyphs_ds, tmp_path, monkeypatch):
+    from conftest import train_tiny_fold
+
+    monkeypatch.setenv("MLRC_CACHE", str(tmp_path / "cache"))
+    plain = train_tiny_fold(glyphs_ds, tmp_path / "plain", iterations=4)
+    for cached in (True, False):
+        res = train_tiny_fold(
+            glyphs_ds,
+            tmp_path / f"device-{cached}",
+            iterations=4,
+            preset_overrides={"augment_on_device": True, "decoded_cache": cached},
+        )
+        assert res.status == "complete", res.reason
+        assert res.history[0].map_at_r == plain.history[0].map_at_r  # validation: unchanged
+        assert res.history[1].train_loss == pytest.approx(plain.history[1].train_loss, rel=0.05)
+        assert res.history[1].train_loss != plain.history[1].train_loss

@@ -288,13 +288,19 @@ def estimate_cache_bytes(ds: ImageDataset, resize: int, crop: int | None = None)
     ``H' · W' · 3`` per image, ``(H', W')`` the size ``Resize(resize)`` gives (shorter edge
     ``resize``, longer ``⌊resize · long / short⌋``: ≈ ``resize² · aspect · 3``), plus
     ``crop² · 3`` per image (0 without ``crop``). An unreadable header is a ``DatasetError``."""
-    decoded = 0
-    for source, origin in zip(ds.sources, ds.origins, strict=True):
-        w, h = image_size(source, origin)
-        short, long = min(w, h), max(w, h)
-        decoded += resize * int(resize * long / short) * 3  # torchvision's Resize(int) sizes
+    decoded = sum(resize * long * 3 for long in resized_long_edges(ds, resize))
     crops = len(ds) * crop * crop * 3 + _index_bytes(len(ds)) if crop else 0
     return CacheEstimate(decoded + _index_bytes(len(ds)), crops)
+
+
+def resized_long_edges(ds: ImageDataset, resize: int) -> list[int]:
+    """The longer edge of each image after ``Resize(resize)`` (torchvision's sizes: shorter edge
+    ``resize``, longer ``⌊resize · long / short⌋``), from the image headers (arrays: shapes)."""
+    edges = []
+    for source, origin in zip(ds.sources, ds.origins, strict=True):
+        w, h = image_size(source, origin)
+        edges.append(int(resize * max(w, h) / min(w, h)))
+    return edges
 
 
 def image_size(source: Source, origin: str) -> tuple[int, int]:

@@ -14,11 +14,17 @@ Why the crop's resize stays in PIL: torchvision's uint8 *tensor* ``resized_crop`
 differ by 1–2 levels), so it would change a fold's numbers; ``tests/test_input_pipeline.py::
 test_uint8_tensor_resize_is_not_pil_so_training_crops_stay_in_pil`` decides this, and fails if a
 later torchvision makes them equal.
+
+Opt-in, numbers change (``augment_on_device: true``, by interpolation noise): the workers draw
+the same crop and flip and send the crop region, uncropped and unresized, padded into a fixed
+canvas (:class:`DeviceCropTransform` → :class:`DeviceCrop`); :func:`batch_to_trunk_input`
+resizes it (torchvision's tensor ``resize``, bilinear, antialias) and flips it on the device.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -120,6 +126,70 @@ class CachedTrainTransform:
         return hwc_to_chw(out)  # one copy: flipped, swapped, laid out as pil_to_tensor's
 
 
+class DeviceCrop(NamedTuple):
+    """A training image whose crop is resized on the device (``augment_on_device``): the crop
+    region, uint8 CHW in the trunk's channel order, at the top left of a zero ``canvas``
+    (3, L, L), and ``params`` int64 (h, w, flip 0/1, output side). The default collate makes a
+    batch of them one ``DeviceCrop`` of (B, 3, L, L) and (B, 4)."""
+
+    canvas: torch.Tensor
+    params: torch.Tensor
+
+
+class DeviceCropTransform:
+    """The CPU half of ``augment_on_device`` for images already ``Resize(resize)``-d (arrays or
+    PIL): the very draws of :class:`CachedTrainTransform` (same torch RNG calls, same order,
+    so the same crop boxes and flips), the crop region sliced and padded into a ``canvas`` ×
+    ``canvas`` uint8 image (``canvas`` ≥ the longer edge of every resized image), channels in
+    the trunk's order; the resize and flip wait for :func:`batch_to_trunk_input`."""
+
+    def __init__(
+        self,
+        resize: int,
+        crop: int,
+        scale: tuple[float, float],
+        ratio: tuple[float, float],
+        flip: bool,
+        spec: dict,
+        canvas: int,
+    ) -> None:
+        self.cpu = CachedTrainTransform(resize, crop, scale, ratio, flip, spec)
+        self.canvas = canvas
+
+    def __call__(self, pic: object) -> DeviceCrop:
+        t = self.cpu
+        a = np.asarray(pic)
+        height, width = a.shape[:2]
+        if min(height, width) != t.resize or max(height, width) > self.canvas:
+            raise ValueError(
+                f"DeviceCropTransform: image of {width}x{height} px, not resized to {t.resize} "
+                f"or larger than the {self.canvas} px canvas"
+            )
+        shape_only = torch.empty(()).expand(3, height, width)
+        i, j, h, w = t.rrc.get_params(shape_only, t.rrc.scale, t.rrc.ratio)
+        flipped = bool(t.flip and torch.rand(1) < 0.5)
+        region = a[i : i + h, j : j + w]
+        canvas = torch.zeros((3, self.canvas, self.canvas), dtype=torch.uint8)
+        pixels = np.array(region[..., ::-1] if t.bgr else region)  # a copy, HWC
+        canvas[:, :h, :w] = torch.from_numpy(pixels).permute(2, 0, 1)
+        params = torch.tensor([h, w, int(flipped), t.rrc.size[0]], dtype=torch.int64)
+        return DeviceCrop(canvas, params)
+
+
+def crops_on_device(
+    batch: DeviceCrop, device: str | torch.device, non_blocking: bool = False
+) -> torch.Tensor:
+    """A :class:`DeviceCrop` batch → uint8 (B, 3, S, S) on ``device``: each region resized by
+    torchvision's tensor ``resize`` (bilinear, antialias; float, rounded back to uint8), then
+    flipped. The parameters are read on the host (no device sync)."""
+    canvas = batch.canvas.to(device, non_blocking=non_blocking)
+    out = []
+    for k, (h, w, flipped, side) in enumerate(batch.params.tolist()):
+        x = F.resize(canvas[k, :, :h, :w], [side, side], antialias=True)
+        out.append(x.flip(-1) if flipped else x)
+    return torch.stack(out)
+
+
 def to_trunk_input(x: torch.Tensor, spec: dict) -> torch.Tensor:
     """uint8 (…, 3, H, W) from :class:`ToUint8Input` → the trunk's float32 input, on ``x``'s
     device: ``(x / 255 · input_range − mean) / std``, elementwise, so the same bits on any
@@ -131,11 +201,18 @@ def to_trunk_input(x: torch.Tensor, spec: dict) -> torch.Tensor:
 
 
 def batch_to_trunk_input(
-    x: torch.Tensor, spec: dict, device: str | torch.device, non_blocking: bool = False
+    x: torch.Tensor | DeviceCrop,
+    spec: dict,
+    device: str | torch.device,
+    non_blocking: bool = False,
 ) -> torch.Tensor:
     """A loader's batch (uint8 CHW from the CPU) → the trunk's float32 input on ``device``:
     copied (asynchronously from pinned memory with ``non_blocking``), then normalised there by
-    :func:`to_trunk_input`. The one place a fold's batches go to the device."""
+    :func:`to_trunk_input`; a :class:`DeviceCrop` batch (``augment_on_device``) is cropped,
+    resized and flipped there first (:func:`crops_on_device`). The one place a fold's batches
+    go to the device."""
+    if isinstance(x, DeviceCrop):
+        return to_trunk_input(crops_on_device(x, device, non_blocking), spec)
     return to_trunk_input(x.to(device, non_blocking=non_blocking), spec)
 
 

@@ -12,12 +12,20 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
+from torchvision import transforms as T
 
 from mlrc.config import Preset
 from mlrc.data.base import ImageDataset
-from mlrc.data.cache import CachedImageDataset, decoded_cache, default_cache_dir, eval_crops
+from mlrc.data.cache import (
+    CachedImageDataset,
+    decoded_cache,
+    default_cache_dir,
+    eval_crops,
+    resized_long_edges,
+)
 from mlrc.data.transforms import (
     ArrayToUint8Input,
+    DeviceCropTransform,
     cached_train_transform,
     eval_transform,
     train_transform,
@@ -26,6 +34,7 @@ from mlrc.methods import losses, miners, samplers, strategies
 from mlrc.train.embed import IndexedView, View
 from mlrc.train.loaders import FoldLoader
 from mlrc.train.model import Model, build_model
+from mlrc.train.numerics import apply_numerics, bind_device
 from mlrc.train.spec import FoldSpec
 
 
@@ -64,10 +73,10 @@ def build_fold(spec: FoldSpec) -> FoldParts:
     docstring for the order). Raises ``ValueError`` for a loss with parameters but no
     ``loss_lr``."""
     p = spec.preset
+    bind_device(spec.device)  # before any CUDA work: no stray context on GPU 0
+    apply_numerics(p, spec.device)  # tf32, deterministic, cudnn.benchmark
     torch.manual_seed(spec.seed)
     model = build_model(p).to(spec.device).fast_paths(p.amp, p.channels_last)
-    if torch.device(spec.device).type == "cuda":
-        torch.backends.cudnn.benchmark = p.cudnn_benchmark
     scaler = torch.amp.GradScaler(torch.device(spec.device).type, enabled=p.amp == "fp16")
     info = losses.info(spec.loss)
     loss_fn = losses.build(
@@ -174,17 +183,27 @@ def fold_inputs(
 
     With the preset's ``decoded_cache`` (the same tensors, bit for bit): training reads the
     images decoded once and resized to ``image.resize`` through
-    :class:`~mlrc.data.transforms.CachedTrainTransform`, and validation the evaluation crops
+    :class:`~mlrc.data.transforms.CachedTrainTransform` (with ``augment_on_device``: through
+    :class:`~mlrc.data.transforms.DeviceCropTransform`, the same crops and flips resized on the
+    device, numbers changed by interpolation noise), and validation the evaluation crops
     computed once (:func:`eval_inputs`), so it never decodes nor resizes; the dataset returned
     is then those crops (the memory-bank sampler embeds its training classes with the
-    validation transform). Without it: the dataset and torchvision's transforms."""
+    validation transform). Without it: the dataset and torchvision's transforms (with
+    ``augment_on_device``: ``Resize``, then the device crops)."""
     im = p.image
+    args = (im.resize, im.crop, im.scale, im.ratio, im.flip, input_spec)
     if not p.decoded_cache:
-        train = train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, input_spec, True)
+        train = train_transform(*args, uint8=True)
+        if p.augment_on_device:  # the crop resized and flipped where batch_to_trunk_input runs
+            edge = max(resized_long_edges(dataset, im.resize))
+            train = T.Compose([T.Resize(im.resize), DeviceCropTransform(*args, canvas=edge)])
         val_set = View(dataset, val_classes, eval_transform(im.resize, im.crop, input_spec, True))
         return dataset, View(dataset, train_classes, train), val_set
     cached = decoded_cache(dataset, im.resize, default_cache_dir(), progress=progress)
-    train = cached_train_transform(im.resize, im.crop, im.scale, im.ratio, im.flip, input_spec)
+    if p.augment_on_device:
+        train = DeviceCropTransform(*args, canvas=max(resized_long_edges(cached, im.resize)))
+    else:
+        train = cached_train_transform(*args)
     val_set = eval_inputs(p, cached, val_classes, input_spec, progress)
     return val_set.ds, View(cached.as_arrays(), train_classes, train), val_set
 
