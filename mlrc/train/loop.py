@@ -59,6 +59,7 @@ from mlrc.train.checkpoint import (
     set_aside,
 )
 from mlrc.train.embed import View, embed
+from mlrc.train.numerics import provenance
 from mlrc.train.schedule import lr_factor, set_learning_rates, warm_up
 from mlrc.train.setup import FoldParts, build_fold
 from mlrc.train.spec import NONFINITE, EpochRecord, FoldResult, FoldSpec, trained_best
@@ -376,6 +377,7 @@ def finish(run: FoldRun, status: str, reason: str | None, epoch: int) -> FoldRes
         objective=trained_best(run.history, run.spec.preset.selection_metric),
         device=run.spec.device,
         code_version=run.spec.code_version,
+        provenance=provenance(run.spec.device, run.spec.preset),
     )
     save_last(run, epoch, res)
     return res

@@ -104,7 +104,7 @@ def provenance(device: str, preset: Preset | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "device": device,
         "device_name": _cpu_model(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a TorchVersion: not loadable with weights_only
         "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
     }
     if _is_cuda(device) and torch.cuda.is_available():
