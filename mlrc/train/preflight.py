@@ -26,6 +26,12 @@ it). Each problem is one line naming the file or the class, and which half or fo
    only what changed. A progress bar is shown when more than :data:`BAR_OVER` images are to be
    decoded.
 
+4. **Disk for the decoded cache** (a preset with ``decoded_cache``): when the study's decoded
+   cache is not built yet, the bytes it and the evaluation crops will take (from the image
+   headers, :func:`mlrc.data.cache.estimate_cache_bytes`) must fit on ``$MLRC_CACHE``'s disk
+   with a margin (:func:`mlrc.data.cache.check_room`), or the study is refused in one line
+   before the first fold would stop on it.
+
 The cheap checks come first. :func:`preflight` returns a :class:`Preflight` whose
 :meth:`~Preflight.line` the commands print (unless ``--quiet``).
 """
@@ -47,7 +53,14 @@ from mlrc.data.base import DatasetError, ImageDataset
 from mlrc.data.verify import verify_images
 from mlrc.protocol.splits import Split
 
-__all__ = ["BAR_OVER", "Preflight", "check_class_sizes", "check_images", "preflight"]
+__all__ = [
+    "BAR_OVER",
+    "Preflight",
+    "check_cache_room",
+    "check_class_sizes",
+    "check_images",
+    "preflight",
+]
 
 BAR_OVER = 2000  # images to decode above which a progress bar is shown
 SHOWN = 5  # class names shown in a message, then how many more
@@ -91,6 +104,7 @@ def preflight(resolved: ResolvedStudy, progress: bool = True) -> Preflight:
     except ValueError as e:  # missing, empty or unreadable file, failed download, misfit
         raise ConfigError(f"{source}: pretrained: {e}") from None
     decoded, cached = check_images(resolved, ds, split, progress)
+    check_cache_room(resolved, ds)
     return Preflight(
         len(ds),
         decoded,
@@ -100,6 +114,32 @@ def preflight(resolved: ResolvedStudy, progress: bool = True) -> Preflight:
         _weights(preset.trunk, preset.pretrained),
         time.monotonic() - t0,
     )
+
+
+def check_cache_room(resolved: ResolvedStudy, ds: ImageDataset) -> None:
+    """With the preset's ``decoded_cache``, a cache not built yet must fit on its disk (see the
+    module docstring); ``DatasetError`` naming the study, the size and the free space."""
+    from mlrc.data.cache import (
+        cache_key,
+        cache_paths,
+        check_room,
+        default_cache_dir,
+        estimate_cache_bytes,
+    )
+
+    im = resolved.preset.image
+    if not resolved.preset.decoded_cache or im.resize is None:
+        return
+    folder = default_cache_dir()
+    data_file, _ = cache_paths(folder, ds.name, im.resize, cache_key(ds, im.resize))
+    if data_file.is_file():  # built: the evaluation crops are small beside it
+        return
+    estimate = estimate_cache_bytes(ds, im.resize, im.crop)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        check_room(folder, estimate.total)
+    except DatasetError as e:
+        raise DatasetError(f"{resolved.source or 'study'}: decoded_cache: {e}") from None
 
 
 # --- class sizes -------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ import pytest
 import yaml
 from PIL import Image
 
+from mlrc import data
+from mlrc.config import load_study
 from mlrc.data.verify import checked_dir
 
 from .conftest import invoke
@@ -367,3 +369,38 @@ def test_a_second_run_decodes_nothing_again(tmp_path):
     third = invoke(args)
     assert "pre-flight: 24 images (1 decoded, 23 checked before)" in third.output
     assert np.load(keys).shape == (25,)
+
+
+# --- disk for the decoded cache -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_decoded_cache_that_would_not_fit_is_refused(tmp_path, monkeypatch, command):
+    """decoded_cache on a disk with 1 MB free (the free-space reading replaced, the disk is
+    not): refused in one line before anything is registered or decoded into the cache."""
+    from mlrc.data import cache
+
+    monkeypatch.setattr(cache, "free_bytes", lambda folder: 10**6)
+    path = study(tmp_path, overrides={"decoded_cache": True})
+    line = refused(tmp_path, [*COMMANDS[command], path])
+    assert line.startswith(f"{path}: decoded_cache: "), line
+    assert "not enough disk for the decoded image cache" in line and "1 MiB free" in line, line
+    assert not list((tmp_path / "cache").glob("decoded/*.u8"))
+
+
+def test_a_decoded_cache_that_fits_passes_and_a_built_one_is_not_measured(tmp_path, monkeypatch):
+    from mlrc.data import cache
+    from mlrc.train import preflight as pf
+
+    path = study(tmp_path, overrides={"decoded_cache": True})
+    seen = []
+    monkeypatch.setattr(cache, "free_bytes", lambda folder: seen.append(folder) or 10**12)
+    db, artifacts = f"sqlite:///{tmp_path / 's.db'}", tmp_path / "a"
+    r = invoke(["study", "run", path, "--storage", db, "--artifacts", artifacts, "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert seen, "the pre-flight did not measure the disk"
+    assert list((tmp_path / "cache").glob("decoded/*.u8"))  # the study built it
+    seen.clear()
+    resolved = load_study(path)
+    pf.check_cache_room(resolved, data.build("image_folder", root=str(tmp_path / "root")))
+    assert seen == []  # built: nothing to measure
