@@ -270,3 +270,46 @@ def test_every_reference_study_file_resolves(path):
     r = resolve(StudyConfig.model_validate(yaml.safe_load(path.read_text())), str(path))
     assert r.preset.trunk == "bninception" and r.trials == 50 and r.reproductions == 10
     assert r.study.dataset.name == path.parent.name
+
+
+# Preset fields of #22 (GPU efficiency and numerics) and what they do to a study's identity.
+NEW_SPEED = ("checkpoint_minutes", "decoded_cache", "persistent_workers")
+NEW_NUMERICS = ("tf32", "deterministic", "augment_on_device")
+
+
+@pytest.mark.parametrize("preset", ["reference", "traditional", "cpu"])
+def test_presets_as_before_keep_the_fingerprint_of_their_studies(preset):
+    """Every fold before #22 ran on a CPU, without TF32 (unset or false), determinism flags or
+    device augmentation: a study of these presets keeps the fingerprint it was stored with."""
+    from mlrc.config import StudyConfig, resolve
+
+    doc = {
+        "name": "s",
+        "dataset": {"name": "glyphs"},
+        "preset": preset,
+        "loss": {"name": "contrastive"},
+    }
+    if preset == "traditional":
+        doc["overrides"] = {"folds": 1}
+    fp = resolve(StudyConfig.model_validate(doc), "s").fingerprint()["preset"]
+    assert not set(NEW_SPEED + NEW_NUMERICS) & set(fp), sorted(fp)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("tf32", True), ("deterministic", True), ("augment_on_device", True)]
+)
+def test_numerics_are_part_of_a_study_s_identity(field, value):
+    from mlrc.config import StudyConfig, resolve
+
+    doc = {
+        "name": "s",
+        "dataset": {"name": "glyphs"},
+        "preset": "reference",
+        "loss": {"name": "contrastive"},
+        "overrides": {field: value},
+    }
+    assert resolve(StudyConfig.model_validate(doc), "s").fingerprint()["preset"][field] == value
+    doc["overrides"] = {"checkpoint_minutes": 1.5, "decoded_cache": False}  # speed only
+    assert not set(NEW_SPEED) & set(
+        resolve(StudyConfig.model_validate(doc), "s").fingerprint()["preset"]
+    )

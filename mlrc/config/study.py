@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -73,7 +74,9 @@ class ResolvedStudy(Strict):
             node = out
             for p in parents:
                 node = node.get(p) or {}
-            if key in node and node[key] == default:
+            if key in node and (
+                node[key] in default.values if isinstance(default, AnyOf) else node[key] == default
+            ):
                 del node[key]
         return out
 
@@ -87,6 +90,13 @@ RUNTIME_ONLY = (
     "decoded_cache",
     "checkpoint_minutes",
 )
+
+@dataclass(frozen=True)
+class AnyOf:
+    """Several values of a later field that each mean "as before"."""
+
+    values: tuple[Any, ...]
+
 
 # Fields added in mlrc 0.2 (performance and pruning), with the value that means "as before".
 _LATER_FIELDS: dict[tuple[str, ...], Any] = {
@@ -120,7 +130,8 @@ _LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("preset", "lr_schedule"): None,
     ("preset", "warmup_epochs"): 0,
     # GPU numerics and on-device augmentation (#22)
-    ("preset", "tf32"): None,
+    # every fold before them ran on a CPU (no TF32 there): unset and off are what they computed
+    ("preset", "tf32"): AnyOf((None, False)),
     ("preset", "deterministic"): False,
     ("preset", "augment_on_device"): False,
 }
