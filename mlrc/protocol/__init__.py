@@ -8,7 +8,7 @@ NMI, mAP@1000, ρ, π_ratio, utilization; imported on its own: it needs faiss an
 its own).
 """
 
-from mlrc.protocol.knn import exact_knn, exact_neighbours, ranked_vectors
+from mlrc.protocol.knn import exact_knn, exact_neighbours, full_fp32_matmul, ranked_vectors
 from mlrc.protocol.metrics import METRICS, concatenate_embeddings, retrieval_metrics
 from mlrc.protocol.splits import Fold, Split, SplitError, mlrc_split
 from mlrc.protocol.stats import confidence_interval
@@ -22,6 +22,7 @@ __all__ = [
     "confidence_interval",
     "exact_knn",
     "exact_neighbours",
+    "full_fp32_matmul",
     "mlrc_split",
     "ranked_vectors",
     "retrieval_metrics",

@@ -34,7 +34,13 @@ import numpy as np
 import torch
 from sklearn.metrics import normalized_mutual_info_score
 
-from mlrc.protocol.knn import ArrayLike, check_embeddings, exact_knn, to_tensor
+from mlrc.protocol.knn import (
+    ArrayLike,
+    check_embeddings,
+    exact_knn,
+    full_fp32_matmul,
+    to_tensor,
+)
 
 # Bytes of one working block (float32 similarities, or float64 candidate vectors) at a time.
 _BLOCK_BYTES = 256 * 2**20
@@ -299,7 +305,8 @@ def metrix_utilization(
     total = 0.0
     for start in range(0, q.shape[0], block):
         qb = q[start : start + block]
-        nearest = (x_sq[None, :] - 2.0 * qb @ x.T).argmin(1)
+        with full_fp32_matmul():  # float64 here, so only a guard
+            nearest = (x_sq[None, :] - 2.0 * qb @ x.T).argmin(1)
         total += float(((qb - x[nearest]) ** 2).sum())
     return total / q.shape[0]
 
@@ -407,7 +414,8 @@ def _knn64(x64: torch.Tensor, q: torch.Tensor, k: int, normalize: bool) -> torch
     """
     n = x64.shape[0]
     rows = torch.arange(len(q), device=x64.device)
-    s = x64[q] @ x64.T
+    with full_fp32_matmul():  # float64 here, so only a guard
+        s = x64[q] @ x64.T
     if not normalize:
         s = 2.0 * s - (x64 * x64).sum(1)[None, :]
     s[rows, q] = -torch.inf  # exclude self

@@ -2,8 +2,9 @@
 
 Public API: :func:`exact_neighbours` (each query's k_q nearest other items, in blocks — what
 :mod:`mlrc.protocol.metrics` reads), :func:`exact_knn` (k nearest of some queries, for
-:mod:`mlrc.protocol.analysis`), :func:`ranked_vectors` (the vectors ranked), and the input helpers
-:func:`to_tensor`, :func:`check_embeddings`, :func:`is_finite`. Everything else is private.
+:mod:`mlrc.protocol.analysis`), :func:`ranked_vectors` (the vectors ranked), the input helpers
+:func:`to_tensor`, :func:`check_embeddings`, :func:`is_finite`, and :func:`full_fp32_matmul`
+(the matmul precision every torch matmul here runs under). Everything else is private.
 
 The query set *is* the reference set and each query's own row is excluded from its neighbours
 (by index, so a duplicate embedding of another item still counts).
@@ -27,7 +28,9 @@ where float64 dot products near 1 keep a few bits and their order depends on the
 order; differences of nearby coordinates are exact, so d keeps its full relative precision.
 
 How (both paths): a float32 search proposes candidates, d is evaluated exactly as above only
-where a rounding bound cannot prove the order (CPU: ``_knn_numpy``, numpy BLAS over the upper
+where a rounding bound cannot prove the order (the bound assumes IEEE float32 products and sums:
+torch matmuls run under :func:`full_fp32_matmul`, whatever TF32 or bfloat16 setting the process
+has; numpy's BLAS has none) (CPU: ``_knn_numpy``, numpy BLAS over the upper
 triangle of the score matrix; other devices: ``_knn_block`` with torch). The float32 scores are
 taken relative to the mean vector when that tightens the bound, so collapsed embeddings are
 separated in float32 too. Queries still unproven are ranked by ``_exact_top``: float64 scores
@@ -45,6 +48,7 @@ certificates) and ``_group_lists`` (the fallback).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,6 +75,29 @@ _U32 = 2.0**-24  # unit roundoff of float32
 _U64 = 2.0**-53  # unit roundoff of float64
 
 ArrayLike = np.ndarray | torch.Tensor
+
+
+@contextmanager
+def full_fp32_matmul() -> Iterator[None]:
+    """Torch float32 matmuls in full IEEE fp32 inside the block — no TF32 on CUDA, no TF32 or
+    bfloat16 passes in oneDNN on CPU (``torch.set_float32_matmul_precision("highest")``) — and
+    the caller's settings restored after it, whichever API set them (the legacy
+    ``set_float32_matmul_precision``/``allow_tf32`` or the per-backend ``fp32_precision``).
+    Process-wide while it lasts (torch has no per-thread switch); convolutions (cuDNN) are not
+    involved: the k-NN has none."""
+    cuda = torch.backends.cuda.matmul.fp32_precision  # these two getters never raise
+    mkldnn = torch.backends.mkldnn.matmul.fp32_precision
+    try:
+        legacy = torch.get_float32_matmul_precision()
+    except RuntimeError:  # the caller mixed the two APIs: match the legacy value to CUDA's
+        legacy = "high" if cuda == "tf32" else "highest"
+    torch.set_float32_matmul_precision("highest")  # legacy and both backends, consistently
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(legacy)
+        torch.backends.cuda.matmul.fp32_precision = cuda
+        torch.backends.mkldnn.matmul.fp32_precision = mkldnn
 
 
 def to_tensor(a: ArrayLike, device: str | torch.device | None) -> torch.Tensor:
@@ -993,7 +1020,8 @@ def _knn_block(space: _Space, q: torch.Tensor, k: int) -> torch.Tensor:
     n, dev = space.n, q.device
     if not space.fits32:
         return _exact_top_torch(space, q, k)
-    t = space.a[q] @ space.b.T
+    with full_fp32_matmul():  # e32 bounds IEEE float32 products and sums
+        t = space.a[q] @ space.b.T
     t[torch.arange(len(q), device=dev), q] = -torch.inf  # exclude self
     best = torch.empty(len(q), k, dtype=torch.long, device=dev)
     todo = torch.arange(len(q), device=dev)
