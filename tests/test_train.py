@@ -341,3 +341,179 @@ def test_margin_beta_gets_no_weight_decay_as_in_mlrc(glyphs, tmp_path):
     state = torch.load(tmp_path / "last.pt", weights_only=False)
     assert state["loss_opt"]["param_groups"][0]["weight_decay"] == 0.0
     assert state["opt"]["param_groups"][0]["weight_decay"] == 1e-4  # the model's stays
+
+
+# --- non-finite losses read once per epoch (#22 point 2) ----------------------------------------
+
+
+class _NaNAt(torch.nn.Module):
+    """NaN at the calls in ``bad`` (1-based), finite otherwise."""
+
+    def __init__(self, bad: set[int]) -> None:
+        super().__init__()
+        self.calls, self.bad = 0, bad
+
+    def forward(self, embeddings, labels):
+        self.calls += 1
+        return embeddings.pow(2).mean() * (float("nan") if self.calls in self.bad else 1.0)
+
+
+@pytest.fixture
+def nan_at():
+    """Register a loss NaN at the given calls; unregistered after the test."""
+    names = []
+
+    def make(*bad: int) -> str:
+        name = f"test_nan_at_{'_'.join(map(str, bad))}"
+        losses.register(name, batch="pair")(lambda **_: _NaNAt(set(bad)))
+        names.append(name)
+        return name
+
+    yield make
+    for name in names:
+        losses.LOSSES.unregister(name)
+
+
+def test_a_non_finite_loss_that_turns_finite_again_still_fails_at_its_iteration(
+    glyphs, tmp_path, nan_at
+):
+    res = train_fold(spec(glyphs, tmp_path, loss=nan_at(2)))
+    assert res.status == "failed" and res.reason == "non-finite loss at iteration 2"
+
+
+def test_a_non_finite_loss_in_a_later_epoch_names_its_fold_iteration_and_keeps_last_pt(
+    glyphs, tmp_path, nan_at
+):
+    # 4 iterations per epoch: call 7 is iteration 3 of epoch 2; the later calls are NaN too
+    res = train_fold(spec(glyphs, tmp_path, loss=nan_at(7, 8, 9)))
+    assert res.status == "failed" and res.reason == "non-finite loss at iteration 7"
+    assert [h.epoch for h in res.history] == [0, 1]
+    state = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert state["epoch"] == 1 and state["result"]["reason"] == res.reason  # ends at epoch − 1
+
+
+# --- checkpoints from a background writer (#22 point 3) -----------------------------------------
+
+
+def _spy_last_writes(monkeypatch, sleep: float = 0.0) -> list[tuple[int, bool, str]]:
+    """Record (epoch, final, weights digest) of every last.pt the writer writes, as it writes
+    it; ``sleep``: a slow disk (seconds per write), training goes on meanwhile."""
+    import hashlib
+
+    from mlrc.train import loop
+
+    seen = []
+    original = loop.atomic_save
+
+    def save(obj, path):
+        time.sleep(sleep)
+        digest = hashlib.sha256()
+        for k in sorted(obj["model"]):
+            digest.update(obj["model"][k].numpy().tobytes())
+        seen.append((obj["epoch"], obj["result"] is not None, digest.hexdigest()))
+        original(obj, path)
+
+    monkeypatch.setattr(loop, "atomic_save", save)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "minutes, epochs",
+    [(1e9, [0, 2, 4, 5]), (1e-9, [0, 1, 2, 3, 4, 5])],
+    ids=["validation-epochs", "every-epoch"],
+)
+def test_last_pt_is_written_at_validation_epochs_and_when_the_minutes_have_passed(
+    glyphs, tmp_path, monkeypatch, minutes, epochs
+):
+    seen = _spy_last_writes(monkeypatch)
+    over = {"iterations_per_epoch": 2, "max_epochs": 5, "validate_every": {"default": 2}}
+    res = train_fold(spec(glyphs, tmp_path, checkpoint_minutes=minutes, **over))
+    assert res.status == "complete" and [h.epoch for h in res.history] == [0, 2, 4, 5]
+    assert [e for e, _, _ in seen] == epochs  # the last one once, with the result
+    assert [final for _, final, _ in seen] == [False] * (len(epochs) - 1) + [True]
+
+
+def test_a_slow_disk_writes_the_state_of_the_epoch_it_was_taken_at(glyphs, tmp_path, monkeypatch):
+    """Training goes on while the writer sleeps: the snapshot, not the live weights, is written
+    (the same weights per epoch as with an instant disk), and the numbers do not change."""
+    fast = _spy_last_writes(monkeypatch)
+    a = train_fold(spec(glyphs, tmp_path / "fast"))
+    monkeypatch.undo()
+    slow = _spy_last_writes(monkeypatch, sleep=0.4)
+    b = train_fold(spec(glyphs, tmp_path / "slow"))
+    assert [e for e, _, _ in fast] == [0, 1, 2, 3] and slow == fast
+    assert history(a) == history(b)
+
+
+def test_best_pt_is_committed_only_after_the_last_pt_that_records_it(
+    glyphs, tmp_path, monkeypatch, collapse_loss
+):
+    """The writer's order per snapshot: pending best model → last.pt → commit; when best.pt is
+    committed, the last.pt on disk already names its epoch as best."""
+    from mlrc.train import checkpoint, loop
+
+    events = []
+    pending_save, last_save, commit = checkpoint.atomic_save, loop.atomic_save, loop.commit_best
+
+    def on_pending(obj, path):
+        events.append(("pending", path.name))
+        pending_save(obj, path)
+
+    def on_last(obj, path):
+        events.append(("last", obj["epoch"]))
+        last_save(obj, path)
+
+    def on_commit(best_path, best_epoch):
+        on_disk = torch.load(best_path.with_name("last.pt"), weights_only=True)["best_epoch"]
+        events.append(("commit", best_epoch, on_disk))
+        commit(best_path, best_epoch)
+
+    monkeypatch.setattr(checkpoint, "atomic_save", on_pending)
+    monkeypatch.setattr(loop, "atomic_save", on_last)
+    monkeypatch.setattr(loop, "commit_best", on_commit)
+    res = train_fold(spec(glyphs, tmp_path, optimizer={"lr": 3e-5}))
+    assert res.status == "complete"
+    bests = [e for e in events if e[0] == "pending"]
+    assert bests and bests[0] == ("pending", "best.pending-e0.pt")
+    for i, event in enumerate(events):
+        if event[0] == "pending":  # the next two: last.pt of that epoch, then its commit
+            epoch = int(event[1][len("best.pending-e") : -len(".pt")])
+            assert events[i + 1] == ("last", epoch) and events[i + 2] == ("commit", epoch, epoch)
+    assert all(e[1] == e[2] for e in events if e[0] == "commit")
+    assert not list(tmp_path.glob("best.pending-*")) and (tmp_path / "best.pt").is_file()
+
+
+def test_a_failed_background_write_is_raised_in_the_training_thread(glyphs, tmp_path, monkeypatch):
+    from mlrc.train import CheckpointError, loop
+
+    writes = []
+    original = loop.atomic_save
+
+    def full_disk(obj, path):
+        writes.append(obj["epoch"])
+        if len(writes) == 2:
+            raise CheckpointError(f"disk full / file too large writing {path} (No space left)")
+        original(obj, path)
+
+    monkeypatch.setattr(loop, "atomic_save", full_disk)
+    with pytest.raises(CheckpointError, match="disk full / file too large writing .*last.pt"):
+        train_fold(spec(glyphs, tmp_path))
+    # raised in the training thread at the next save (epoch 2's), which is then not written
+    assert writes == [0, 1]
+    assert torch.load(tmp_path / "last.pt", weights_only=True)["epoch"] == 0
+
+
+def test_a_snapshot_is_a_copy_training_cannot_change():
+    from mlrc.train.checkpoint import snapshot
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    live = {"model": model.state_dict(), "rng": torch.get_rng_state(), "n": 3, "a": np.ones(2)}
+    copy, event = snapshot(live)
+    assert event is None  # nothing came from CUDA
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    live["a"] += 1
+    assert not torch.equal(copy["model"]["0.weight"], model[0].weight)
+    assert copy["n"] == 3 and (copy["a"] == 1).all()
+    assert type(copy["model"]) is type(live["model"])  # an OrderedDict with torch's _metadata
+    assert copy["model"]._metadata == live["model"]._metadata

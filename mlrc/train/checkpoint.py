@@ -1,23 +1,32 @@
 """A fold's checkpoints in its workdir, written all or nothing.
 
 - ``last.pt``: everything needed to resume (models, optimisers, sampler and torch RNG states,
-  epoch, best so far, history), written after every epoch; it holds only tensors and plain
-  Python values and is loaded with ``weights_only=True``;
+  epoch, best so far, history), written after epoch 0, every validation epoch, at the end, and
+  after any other epoch once the preset's ``checkpoint_minutes`` have passed since the last
+  write; it holds only tensors and plain Python values and is loaded with ``weights_only=True``;
 - ``best.pt``: trunk + embedder weights at the best validation MAP@R.
+
+Writes leave the training thread (:class:`CheckpointWriter`): the state is copied off the device
+(:func:`snapshot`) and one background thread writes the copies, in the order they were taken.
 
 Every file is written to a temp file, fsynced and renamed (a kill leaves the previous version; a
 full disk raises a one-line :class:`CheckpointError` and removes the temp file). A new best model
 is first written as ``best.pending-e<epoch>.pt`` (:func:`save_pending_best`) and becomes
 ``best.pt`` only after ``last.pt`` has recorded that epoch as best (:func:`commit_best`), so
 ``best.pt`` always holds the model of the best epoch that ``last.pt`` (and hence the store) knows.
+The writer runs pending best → ``last.pt`` → commit as one job, so this order holds there too.
 """
 
 from __future__ import annotations
 
+import copy as copy_module
 import errno
 import logging
 import os
 import socket
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +117,10 @@ def remove_stale_temps(folder: Path) -> None:
 
 
 def plain(obj: Any) -> Any:
-    """``obj`` with numpy scalars and arrays as Python numbers and tensors (``weights_only``)."""
+    """``obj`` with numpy scalars and arrays as Python numbers and tensors, and subclasses of
+    ``str`` (``torch.__version__`` is one) as ``str``: what ``weights_only`` loading accepts."""
+    if isinstance(obj, str):
+        return str(obj)
     if isinstance(obj, dict):
         return {k: plain(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
@@ -198,3 +210,87 @@ def set_aside(workdir: Path, recorded: dict[str, Any], wanted: dict[str, Any]) -
         wanted.get(diff),
         aside.name,
     )
+
+
+def snapshot(obj: Any) -> tuple[Any, torch.cuda.Event | None]:
+    """A copy of ``obj`` (nested dicts, lists, tuples of tensors and plain values) that training
+    can no longer change: every tensor copied to CPU memory (cloned when already there), plain
+    values as they are. Copies from a CUDA device are queued on the current stream into pinned
+    memory without waiting; the returned event (``None`` when nothing came from CUDA) marks their
+    end, and whoever reads the copy waits for it first (:class:`CheckpointWriter` does)."""
+    from_cuda = [False]
+
+    def copy(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if x.device.type == "cuda":
+                from_cuda[0] = True
+                return x.detach().to("cpu", non_blocking=True)  # pinned, asynchronous
+            return x.detach().to("cpu", copy=True)
+        if isinstance(x, np.ndarray):
+            return x.copy()
+        if isinstance(x, dict):
+            items = ((k, copy(v)) for k, v in x.items())
+            out = OrderedDict(items) if isinstance(x, OrderedDict) else dict(items)
+            if hasattr(x, "_metadata"):  # a state_dict's module versions, as torch.save keeps
+                out._metadata = copy_module.deepcopy(x._metadata)
+            return out
+        if isinstance(x, list | tuple):
+            return [copy(v) for v in x] if isinstance(x, list) else tuple(map(copy, x))
+        return x
+
+    out = copy(obj)
+    event = None
+    if from_cuda[0]:
+        event = torch.cuda.Event()
+        event.record()
+    return out, event
+
+
+class CheckpointWriter:
+    """One background thread that writes checkpoints in the order they are handed to it.
+
+    :meth:`save` first waits for the previous write (so at most one snapshot is in memory and
+    the disk never falls behind by more than one write), then takes the snapshot in the calling
+    thread and queues the write. A write that failed raises its error (a one-line
+    :class:`CheckpointError` for a full disk) in the calling thread at the next :meth:`save` or
+    :meth:`wait` — never lost. :meth:`close` waits and stops the thread.
+    """
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._last: Future[None] | None = None
+
+    def save(self, state: Any, write: Callable[[Any], None]) -> None:
+        """Snapshot ``state`` now (:func:`snapshot`) and run ``write(copy)`` in the background."""
+        self.wait()
+        copy, event = snapshot(state)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlrc-checkpoint")
+        self._last = self._pool.submit(_after, event, write, copy)
+
+    def wait(self) -> None:
+        """Block until the queued write is on disk; raise its error if it failed."""
+        last, self._last = self._last, None
+        if last is not None:
+            last.result()
+
+    def close(self, *, raise_error: bool = True) -> None:
+        """Wait for the queued write and stop the thread; ``raise_error=False`` (the caller is
+        already failing) logs a failed write instead of raising it."""
+        try:
+            self.wait()
+        except Exception as e:
+            if raise_error:
+                raise
+            log.warning("checkpoint write failed: %s", first_line(e))
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+
+def _after(event: torch.cuda.Event | None, write: Callable[[Any], None], copy: Any) -> None:
+    """The writer thread's job: wait for the device copies, then write."""
+    if event is not None:
+        event.synchronize()
+    write(copy)

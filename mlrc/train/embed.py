@@ -42,7 +42,6 @@ class IndexedView(Dataset):
         return (*self.view[i], i)
 
 
-@torch.no_grad()
 def embed(
     model: Model,
     dataset: Dataset | Iterable,
@@ -50,7 +49,23 @@ def embed(
     device: str,
     num_workers: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Embeddings (n × d float32, not normalised) and labels of ``dataset``, in order.
+    """Embeddings (n × d float32, not normalised) and labels (n,) of ``dataset``, in order, as
+    numpy arrays: :func:`embed_tensors`, copied to the host once at the end."""
+    emb, labels = embed_tensors(model, dataset, batch_size, device, num_workers)
+    return emb.cpu().numpy(), labels.numpy()
+
+
+@torch.no_grad()
+def embed_tensors(
+    model: Model,
+    dataset: Dataset | Iterable,
+    batch_size: int,
+    device: str,
+    num_workers: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embeddings (n × d float32 on ``device``, not normalised) and labels (n, int64, on the
+    CPU as the loader gives them) of ``dataset``, in order. The embeddings stay on the device
+    (no copy per batch), so the host does not wait for the model until the caller reads them.
     A ready loader (a ``DataLoader`` or :class:`~mlrc.train.loaders.FoldLoader`, with a
     ``pin_memory`` attribute) is used as given."""
     model.eval()
@@ -62,6 +77,6 @@ def embed(
     )
     for x, y in loader:
         x = batch_to_trunk_input(x, model.trunk.input_spec, device, loader.pin_memory)
-        out.append(model(x).float().cpu())
+        out.append(model(x).float())
         labels.append(y)
-    return torch.cat(out).numpy(), torch.cat(labels).numpy()
+    return torch.cat(out), torch.cat(labels)

@@ -14,10 +14,20 @@ named steps over one :class:`FoldRun`:
   :func:`record_epoch`);
 - :func:`finish`: the result, also recorded in ``last.pt``.
 
+The host never waits for the device within an epoch: the loss and its first non-finite
+iteration accumulate on the device (:class:`LossTally`) and are read once per epoch (and, while
+a progress bar is shown, at most every ``READ_SECONDS``); validation embeddings stay on the
+device until the k-NN (:func:`~mlrc.train.embed.embed_tensors`).
+
 Checkpoints (``last.pt``, ``best.pt`` in ``spec.workdir``) are described in
-:mod:`mlrc.train.checkpoint`. Re-running a fold whose ``last.pt`` exists resumes after the last
-finished epoch (a process killed with SIGKILL loses at most one epoch); a finished fold returns
-its result without training. ``last.pt`` records the fold's ``identity`` (what defines its
+:mod:`mlrc.train.checkpoint`. ``last.pt`` is written after epoch 0, every validation epoch and
+the last one, and after any other epoch once the preset's ``checkpoint_minutes`` have passed
+since the previous write; a background thread writes it from a copy taken off the device, so
+training goes on meanwhile. Re-running a fold whose ``last.pt`` exists resumes after the epoch
+it records: a process killed with SIGKILL loses at most the epochs since the last write — one
+validation interval or ``checkpoint_minutes`` (plus the epoch under way), whichever is shorter
+— and recomputes them to the same numbers; a finished fold returns its result without
+training. ``last.pt`` records the fold's ``identity`` (what defines its
 numbers: protocol, parameters, fold, reproduction, seed) and the device and code version that
 computed it: a checkpoint whose recorded identity differs from the spec's is never adopted (the
 fold is trained again, said once in the log), and an adopted result keeps the provenance of the
@@ -36,13 +46,13 @@ Best epoch, as the reference harness (powerful-benchmarker + PML's ``HookContain
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -50,6 +60,7 @@ from mlrc.data.transforms import batch_to_trunk_input
 from mlrc.models.trunks import freeze_batchnorm
 from mlrc.protocol import retrieval_metrics
 from mlrc.train.checkpoint import (
+    CheckpointWriter,
     adopted,
     atomic_save,
     commit_best,
@@ -58,13 +69,14 @@ from mlrc.train.checkpoint import (
     save_pending_best,
     set_aside,
 )
-from mlrc.train.embed import View, embed
+from mlrc.train.embed import View, embed, embed_tensors
 from mlrc.train.numerics import provenance
 from mlrc.train.schedule import lr_factor, set_learning_rates, warm_up
 from mlrc.train.setup import FoldParts, build_fold
 from mlrc.train.spec import NONFINITE, EpochRecord, FoldResult, FoldSpec, trained_best
 
 METRICS = ("map_at_r", "precision_at_1", "r_precision")  # of an EpochRecord, kept for the best
+READ_SECONDS = 2.0  # a shown progress bar reads the running loss at most this often (seconds)
 
 
 @dataclass
@@ -82,6 +94,9 @@ class FoldRun:
     best: dict[str, float] | None = None  # METRICS of best_epoch (fractions)
     start_epoch: int = 1  # the first epoch this run trains
     trunk_params: list[torch.nn.Parameter] = field(default_factory=list)  # trainable at start
+    writer: CheckpointWriter = field(default_factory=CheckpointWriter)
+    saved_at: float = -math.inf  # time.monotonic() of the last last.pt snapshot
+    new_best: int | None = None  # a best epoch whose model is not written yet (pending file)
 
     @property
     def last(self) -> Path:
@@ -111,19 +126,31 @@ def train_fold(
         patience=p.per_dataset("patience", spec.dataset_name),
     )
     run.trunk_params = [q for q in run.parts.model.trunk.parameters() if q.requires_grad]
+    try:
+        return train_epochs(run, state)
+    except BaseException:
+        run.writer.close(raise_error=False)  # the error under way is the one to report
+        raise
+    finally:
+        run.writer.close()
+
+
+def train_epochs(run: FoldRun, state: dict[str, Any] | None) -> FoldResult:
+    """Epoch 0 (or the resumed state), then the epochs up to the fold's end."""
     if state is not None:
         restore(run, state)
     elif (failed := validate_untrained(run)) is not None:
         return failed
     bar = progress_bar(run)
     try:
-        for epoch in range(run.start_epoch, p.max_epochs + 1):
+        for epoch in range(run.start_epoch, run.spec.preset.max_epochs + 1):
             train_loss = train_epoch(run, epoch, bar)
             if isinstance(train_loss, FoldResult):
                 return train_loss
             if (done := end_of_epoch(run, epoch, train_loss)) is not None:
                 return done
-        return finish(run, "complete", None, p.max_epochs)
+        # reached only when no epoch is left (a last.pt at max_epochs from an older mlrc)
+        return finish(run, "complete", None, run.spec.preset.max_epochs)
     finally:
         bar.close()
 
@@ -173,7 +200,7 @@ def validate_untrained(run: FoldRun) -> FoldResult | None:
         return finish(run, "failed", rec, 0)
     if run.spec.preset.split_scheme != "traditional":  # the papers pick trained epochs only
         consider_best(run, rec)
-    record_epoch(run, 0)
+    save_last(run, 0)
     return None
 
 
@@ -198,29 +225,86 @@ def train_mode(run: FoldRun) -> None:
         freeze_batchnorm(run.parts.model.trunk)
 
 
+class LossTally:
+    """An epoch's training losses, summed where they are computed, read back only on demand.
+
+    ``add`` queues device work only (no host sync): the loss, converted exactly to float64, is
+    added to a float64 sum in order — the same roundings as summing ``loss.item()`` in Python,
+    so the epoch mean is bit for bit what a Python float sum gives — and the 1-based iteration
+    of the first non-finite loss is kept with ``torch.where`` (0 while every loss is finite).
+    ``read`` copies both to the host in one transfer.
+    """
+
+    def __init__(self) -> None:
+        self.sum: torch.Tensor | None = None  # float64 scalar, on the losses' device
+        self.first_nonfinite: torch.Tensor | None = None  # int64 scalar, 0: none yet
+        self.n = 0  # losses added
+
+    def add(self, loss: torch.Tensor, it: int) -> None:
+        """Add the loss of iteration ``it`` (a scalar tensor, not read)."""
+        value = loss.detach()
+        if self.sum is None:
+            self.sum = torch.zeros((), dtype=torch.float64, device=value.device)
+            self.first_nonfinite = torch.zeros((), dtype=torch.int64, device=value.device)
+        fresh = ~torch.isfinite(value) & (self.first_nonfinite == 0)
+        self.first_nonfinite = torch.where(fresh, it, self.first_nonfinite)
+        self.sum += value.double()
+        self.n += 1
+
+    def read(self) -> tuple[float, int | None]:
+        """(mean loss so far, first non-finite iteration or None): one device → host copy."""
+        if self.sum is None:
+            return 0.0, None
+        total, bad = torch.stack([self.sum, self.first_nonfinite.double()]).tolist()
+        return total / max(self.n, 1), (int(bad) if bad else None)
+
+
 def train_epoch(run: FoldRun, epoch: int, bar: tqdm) -> float | FoldResult:
     """One epoch of ``iterations_per_epoch`` batches: the mean training loss, or the failed
-    result when the loss goes non-finite (``last.pt`` then ends at epoch − 1)."""
+    result naming the first iteration whose loss was non-finite (``last.pt`` then ends at
+    epoch − 1). The losses are read at the end (or at a shown bar's refresh, which may stop the
+    epoch early), so the steps after a non-finite loss still run until then."""
     p = run.spec.preset
     train_mode(run)
     start_of_epoch(run, epoch)
-    loss_sum, n = 0.0, 0
+    tally = LossTally()
     if run.parts.sampler.needs_bank and epoch == run.start_epoch:
         fill_bank(run)
-    for x, y, idx in run.parts.train_loader:
-        it = (epoch - 1) * p.iterations_per_epoch + n + 1  # 1-based over the whole fold
-        loss = calculate_loss(run, x, y, idx)
-        if not torch.isfinite(loss):
-            return finish(run, "failed", f"{NONFINITE} loss at iteration {it}", epoch - 1)
-        step_optimizers(run.parts, loss)
-        loss_sum, n = loss_sum + loss.item(), n + 1
-        bar.update(1)
-        bar.set_postfix(
-            epoch=epoch,
-            loss=f"{loss_sum / n:.4f}",
-            best_map_r=f"{run.best['map_at_r']:.4f}" if run.best else "-",
-        )
-    return loss_sum / max(n, 1)
+    next_read = math.inf if bar.disable else time.monotonic() + READ_SECONDS
+    try:
+        for x, y, idx in run.parts.train_loader:
+            it = (epoch - 1) * p.iterations_per_epoch + tally.n + 1  # 1-based over the fold
+            loss = calculate_loss(run, x, y, idx)
+            tally.add(loss, it)
+            step_optimizers(run.parts, loss)
+            bar.update(1)
+            if time.monotonic() >= next_read:
+                if isinstance(seen := read_losses(run, epoch, tally, bar), FoldResult):
+                    return seen
+                next_read = time.monotonic() + READ_SECONDS
+    except Exception:  # a step after a non-finite loss can fail on NaNs: report the NaN
+        if tally.n and isinstance(seen := read_losses(run, epoch, tally, bar, True), FoldResult):
+            return seen
+        raise
+    return read_losses(run, epoch, tally, bar)
+
+
+def read_losses(
+    run: FoldRun, epoch: int, tally: LossTally, bar: tqdm, quiet: bool = False
+) -> float | FoldResult | None:
+    """Read the tally (a host sync): the failed result if a loss was non-finite, else the mean
+    loss so far, shown in the bar's postfix. ``quiet``: a failure to read gives ``None``."""
+    try:
+        mean, bad = tally.read()
+    except Exception:
+        if quiet:
+            return None
+        raise
+    if bad is not None:
+        return finish(run, "failed", f"{NONFINITE} loss at iteration {bad}", epoch - 1)
+    best = f"{run.best['map_at_r']:.4f}" if run.best else "-"
+    bar.set_postfix(epoch=epoch, loss=f"{mean:.4f}", best_map_r=best)
+    return mean
 
 
 def start_of_epoch(run: FoldRun, epoch: int) -> None:
@@ -291,16 +375,20 @@ def step_optimizers(parts: FoldParts, loss: torch.Tensor) -> None:
 
 def end_of_epoch(run: FoldRun, epoch: int, train_loss: float) -> FoldResult | None:
     """Validate (every ``validate_every`` epochs and at the last), keep a new best, stop on
-    patience or record the epoch in ``last.pt``; the fold's result when it ends here."""
+    patience or at the last epoch, else record the epoch in ``last.pt`` (every validation
+    epoch; another one once ``checkpoint_minutes`` have passed); the fold's result when it ends
+    here."""
     p = run.spec.preset
-    if epoch % run.validate_every == 0 or epoch == p.max_epochs:
+    validated = epoch % run.validate_every == 0 or epoch == p.max_epochs
+    if validated:
         rec = validate(run, epoch, train_loss)
         if isinstance(rec, str):
             return finish(run, "failed", rec, epoch)
         consider_best(run, rec)
-        if should_stop(run, epoch):
+        if should_stop(run, epoch) or epoch == p.max_epochs:
             return finish(run, "complete", None, epoch)
-    record_epoch(run, epoch)
+    if validated or time.monotonic() - run.saved_at >= 60 * p.checkpoint_minutes:
+        save_last(run, epoch)
     return None
 
 
@@ -308,8 +396,10 @@ def validate(run: FoldRun, epoch: int, train_loss: float | None) -> EpochRecord 
     """Validation metrics of the current model, added to the history and handed to
     ``on_validation``; the failure reason (a string) when the embeddings are non-finite."""
     parts, spec = run.parts, run.spec
-    emb, lab = embed(parts.model, parts.val_loader, spec.preset.eval_batch_size, spec.device)
-    if not np.isfinite(emb).all():
+    emb, lab = embed_tensors(
+        parts.model, parts.val_loader, spec.preset.eval_batch_size, spec.device
+    )
+    if not bool(torch.isfinite(emb).all()):  # the validation's one read of the device
         return f"{NONFINITE} embeddings at validation, epoch {epoch}"
     m = retrieval_metrics(emb, lab, device=spec.device)
     rec = EpochRecord(epoch, train_loss, m["map_at_r"], m["precision_at_1"], m["r_precision"])
@@ -322,12 +412,12 @@ def validate(run: FoldRun, epoch: int, train_loss: float | None) -> EpochRecord 
 def consider_best(run: FoldRun, rec: EpochRecord) -> None:
     """A new best epoch (strictly higher validation value of the preset's ``selection_metric``,
     MAP@R unless said otherwise; ties keep the earlier epoch, as PML's hooks): its model goes to
-    ``best.pending-e<epoch>.pt`` until ``last.pt`` records it."""
+    ``best.pending-e<epoch>.pt`` with the ``last.pt`` written next (same epoch), before it."""
     metric = run.spec.preset.selection_metric
     if run.best is None or getattr(rec, metric) > run.best[metric]:
         run.best_epoch = rec.epoch
         run.best = {k: getattr(rec, k) for k in METRICS}
-        save_pending_best(run.parts.model.state_dict(), run.best_path, rec.epoch)
+        run.new_best = rec.epoch
 
 
 def should_stop(run: FoldRun, epoch: int) -> bool:
@@ -335,14 +425,10 @@ def should_stop(run: FoldRun, epoch: int) -> bool:
     return epoch - run.best_epoch > run.patience
 
 
-def record_epoch(run: FoldRun, epoch: int) -> None:
-    """``last.pt`` after a finished epoch, then ``best.pt`` (only once ``last.pt`` knows it)."""
-    save_last(run, epoch)
-    commit_best(run.best_path, run.best_epoch)
-
-
 def save_last(run: FoldRun, epoch: int, res: FoldResult | None = None) -> None:
-    """Write ``last.pt``: everything needed to resume after ``epoch``, and ``res`` if final."""
+    """Queue ``last.pt`` (everything needed to resume after ``epoch``, and ``res`` if final) on
+    the background writer: a snapshot now, then in the writer thread a new best's pending model,
+    ``last.pt``, and ``best.pt`` committed once ``last.pt`` records it (:func:`write_epoch`)."""
     parts = run.parts
     state = {
         "model": parts.model.state_dict(),
@@ -361,11 +447,27 @@ def save_last(run: FoldRun, epoch: int, res: FoldResult | None = None) -> None:
         "identity": plain(run.spec.identity),
         "result": plain({k: v for k, v in asdict(res).items() if k != "history"}) if res else None,
     }
-    atomic_save(state, run.last)
+    paths, best_epoch, new_best = (run.last, run.best_path), run.best_epoch, run.new_best
+    run.writer.save(state, lambda copy: write_epoch(copy, paths, best_epoch, new_best))
+    run.saved_at, run.new_best = time.monotonic(), None
+
+
+def write_epoch(
+    state: dict[str, Any], paths: tuple[Path, Path], best_epoch: int | None, new_best: int | None
+) -> None:
+    """The writer thread's job for one snapshot (``paths``: ``last.pt``, ``best.pt``): the model
+    of a ``new_best`` epoch to its pending file, ``last.pt``, then ``best.pt`` committed (the
+    order :mod:`mlrc.train.checkpoint` requires)."""
+    last, best_path = paths
+    if new_best is not None:
+        save_pending_best(state["model"], best_path, new_best)
+    atomic_save(state, last)
+    commit_best(best_path, best_epoch)
 
 
 def finish(run: FoldRun, status: str, reason: str | None, epoch: int) -> FoldResult:
-    """The fold's result (``status`` complete | failed), recorded in ``last.pt`` at ``epoch``."""
+    """The fold's result (``status`` complete | failed), recorded in ``last.pt`` at ``epoch``
+    (on disk when this returns)."""
     res = FoldResult(
         status,
         reason,
@@ -380,4 +482,5 @@ def finish(run: FoldRun, status: str, reason: str | None, epoch: int) -> FoldRes
         provenance=provenance(run.spec.device, run.spec.preset),
     )
     save_last(run, epoch, res)
+    run.writer.wait()
     return res
