@@ -52,7 +52,8 @@ def loader_options(preset: Preset, device: str) -> dict[str, Any]:
 @dataclass
 class FoldParts:
     """What one fold trains with. ``loss_opt`` exists only for a loss with parameters;
-    ``dataset`` is the spec's, or its decoded cache when the preset asks for one."""
+    ``dataset`` is what the validation view reads (the spec's dataset, or its evaluation crops
+    with the preset's ``decoded_cache``: see :func:`fold_inputs`)."""
 
     model: Model
     loss_fn: torch.nn.Module
