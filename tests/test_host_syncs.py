@@ -266,3 +266,36 @@ def test_full_fp32_matmul_restores_a_setting_made_with_the_new_api(caller_precis
         assert torch.get_float32_matmul_precision() == "highest"
     assert torch.backends.cuda.matmul.fp32_precision == "tf32"
     assert torch.backends.mkldnn.matmul.fp32_precision == "bf16"
+
+
+class _NaNThenError(torch.nn.Module):
+    """NaN at call ``nan`` (0: never), then raises at call ``error``: a step failing on NaNs."""
+
+    def __init__(self, nan: int, error: int) -> None:
+        super().__init__()
+        self.calls, self.nan, self.error = 0, nan, error
+
+    def forward(self, embeddings, labels):
+        self.calls += 1
+        if self.calls == self.error:
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+        return embeddings.pow(2).mean() * (math.nan if self.calls == self.nan else 1.0)
+
+
+@pytest.mark.parametrize("nan", [2, 0], ids=["after-a-nan", "no-nan"])
+def test_a_step_failing_after_a_non_finite_loss_reports_the_loss(glyphs_ds, tmp_path, nan):
+    from conftest import train_tiny_fold
+
+    from mlrc.methods import losses
+
+    name = f"test_nan_{nan}_then_error"
+    losses.register(name, batch="pair")(lambda **_: _NaNThenError(nan, 3))
+    try:
+        if nan:
+            res = train_tiny_fold(glyphs_ds, tmp_path, name, iterations=4)
+            assert res.status == "failed" and res.reason == "non-finite loss at iteration 2"
+        else:  # no NaN before it: the error is the step's own, raised as it is
+            with pytest.raises(RuntimeError, match="probability tensor"):
+                train_tiny_fold(glyphs_ds, tmp_path, name, iterations=4)
+    finally:
+        losses.LOSSES.unregister(name)

@@ -263,48 +263,57 @@ def train_epoch(run: FoldRun, epoch: int, bar: tqdm) -> float | FoldResult:
     """One epoch of ``iterations_per_epoch`` batches: the mean training loss, or the failed
     result naming the first iteration whose loss was non-finite (``last.pt`` then ends at
     epoch − 1). The losses are read at the end (or at a shown bar's refresh, which may stop the
-    epoch early), so the steps after a non-finite loss still run until then."""
-    p = run.spec.preset
+    epoch early), so the steps after a non-finite loss still run until then; one of them failing
+    on the NaNs is reported as the non-finite loss."""
     train_mode(run)
     start_of_epoch(run, epoch)
     tally = LossTally()
     if run.parts.sampler.needs_bank and epoch == run.start_epoch:
         fill_bank(run)
-    next_read = math.inf if bar.disable else time.monotonic() + READ_SECONDS
     try:
-        for x, y, idx in run.parts.train_loader:
-            it = (epoch - 1) * p.iterations_per_epoch + tally.n + 1  # 1-based over the fold
-            loss = calculate_loss(run, x, y, idx)
-            tally.add(loss, it)
-            step_optimizers(run.parts, loss)
-            bar.update(1)
-            if time.monotonic() >= next_read:
-                if isinstance(seen := read_losses(run, epoch, tally, bar), FoldResult):
-                    return seen
-                next_read = time.monotonic() + READ_SECONDS
-    except Exception:  # a step after a non-finite loss can fail on NaNs: report the NaN
-        if tally.n and isinstance(seen := read_losses(run, epoch, tally, bar, True), FoldResult):
-            return seen
-        raise
-    return read_losses(run, epoch, tally, bar)
-
-
-def read_losses(
-    run: FoldRun, epoch: int, tally: LossTally, bar: tqdm, quiet: bool = False
-) -> float | FoldResult | None:
-    """Read the tally (a host sync): the failed result if a loss was non-finite, else the mean
-    loss so far, shown in the bar's postfix. ``quiet``: a failure to read gives ``None``."""
-    try:
-        mean, bad = tally.read()
+        run_steps(run, epoch, tally, bar)
     except Exception:
-        if quiet:
-            return None
-        raise
+        if first_nonfinite(tally) is None:
+            raise
+    mean, bad = tally.read()  # the epoch's one read of the device
     if bad is not None:
         return finish(run, "failed", f"{NONFINITE} loss at iteration {bad}", epoch - 1)
+    show(run, bar, epoch, mean)
+    return mean
+
+
+def run_steps(run: FoldRun, epoch: int, tally: LossTally, bar: tqdm) -> None:
+    """The epoch's steps, each loss added to ``tally`` unread. While the bar is shown, every
+    ``READ_SECONDS`` the running mean goes to it, and a non-finite loss seen then ends the
+    epoch early."""
+    p = run.spec.preset
+    next_read = math.inf if bar.disable else time.monotonic() + READ_SECONDS
+    for x, y, idx in run.parts.train_loader:
+        it = (epoch - 1) * p.iterations_per_epoch + tally.n + 1  # 1-based over the fold
+        loss = calculate_loss(run, x, y, idx)
+        tally.add(loss, it)
+        step_optimizers(run.parts, loss)
+        bar.update(1)
+        if time.monotonic() >= next_read:
+            mean, bad = tally.read()
+            if bad is not None:
+                return
+            show(run, bar, epoch, mean)
+            next_read = time.monotonic() + READ_SECONDS
+
+
+def first_nonfinite(tally: LossTally) -> int | None:
+    """The tally's first non-finite iteration, or ``None`` (also when it cannot be read)."""
+    try:
+        return tally.read()[1] if tally.n else None
+    except Exception:  # noqa: BLE001 — the caller re-raises the error that brought it here
+        return None
+
+
+def show(run: FoldRun, bar: tqdm, epoch: int, mean: float) -> None:
+    """The bar's postfix: epoch, running mean loss, best validation MAP@R so far."""
     best = f"{run.best['map_at_r']:.4f}" if run.best else "-"
     bar.set_postfix(epoch=epoch, loss=f"{mean:.4f}", best_map_r=best)
-    return mean
 
 
 def start_of_epoch(run: FoldRun, epoch: int) -> None:
