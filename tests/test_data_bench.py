@@ -24,6 +24,7 @@ from mlrc.train.throughput import (
     Rate,
     Throughput,
     gpu_demand,
+    measure,
     plain_eval_transform,
     plain_train_transform,
     trunk_input_spec,
@@ -99,6 +100,16 @@ def test_the_plain_chain_gives_the_folds_pixels(jpegs):
         assert torch.equal(fold, plain_train[i][0])
         assert not torch.equal(fold, plain_train[i][0])  # the RNG moved on: another crop
         assert torch.equal(to_trunk_input(val_set[i][0], spec), plain_val[i][0])
+
+
+def test_augment_on_device_counts_images_not_pairs(jpegs):
+    """With augment_on_device a batch's images are a DeviceCrop (canvas, params) pair: the
+    rates count the batch's images (whole batches of 32), not the pair's two tensors."""
+    p = load_preset("reference").model_copy(update={"augment_on_device": True, "num_workers": 0})
+    ds = data.build("image_folder", root=jpegs)
+    result = measure(p, ds, list(range(12)), list(range(12, 16)), seconds=0.3, progress=False)
+    assert result.train.images > 0 and result.train.images % 32 == 0
+    assert result.eval.images > 0 and result.eval.images % 12 == 0  # 4 classes × 3 per pass
 
 
 def test_tables_and_verdict(jpegs):

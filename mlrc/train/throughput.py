@@ -432,14 +432,15 @@ def _sampler(p: Preset, labels: Any, seed: int) -> _Until:
 
 
 def _epoch(loader: Iterable, bar: Any) -> tuple[int, float, float]:
-    """(images, seconds from asking for the epoch to its last batch, seconds to its first)."""
+    """(images, seconds from asking for the epoch to its last batch, seconds to its first).
+    Images are counted by the batch's labels (its images may be a ``DeviceCrop`` pair)."""
     t0 = time.perf_counter()
     first, n = None, 0
     for batch in loader:
         if first is None:
             first = time.perf_counter() - t0
-        n += len(batch[0])
-        bar.update(len(batch[0]))
+        n += len(batch[1])
+        bar.update(len(batch[1]))
     return n, time.perf_counter() - t0, first or 0.0
 
 
