@@ -11,7 +11,8 @@ What each :class:`Rate` says:
 
 * ``first_batch_s``: seconds from asking the loader for its first epoch (a fold's first training
   epoch, or its first validation) to its first batch — loader workers start there;
-* ``later_first_batch_s``: the same for a later epoch (≈ 0 when workers persist and prefetch);
+* ``later_first_batch_s``: the same for a later epoch (with persistent workers: no start-up,
+  only the batch's own work);
 * ``img_per_s``: images per second over later epochs, each from its start to its last batch
   (epoch boundaries included, as a fold pays them); ``per_core``: that divided by the cores that
   did the work (the loader workers, at most the cores this process may use; 1 for the main
@@ -24,7 +25,10 @@ rate so that its passes fit in ``seconds``.
 
 The GPU it is compared with (:func:`gpu_demand`): the images per second the preset's trunk takes
 at its batch size, from ``bench/results/gpu_fold.csv`` when ``bench/gpu_fold.py`` measured it on
-a GPU, else from :data:`GPU_ESTIMATES` (estimates, marked as such).
+a GPU (its synthetic-input upper bound), else from :data:`GPU_ESTIMATES` (estimates, marked as
+such). Optionally (:class:`PlainComparison`) the fold's pipeline is also timed per core against
+a plain PIL + torchvision chain of the same transforms (:func:`plain_train_transform`,
+:func:`plain_eval_transform`: the same pixels).
 """
 
 from __future__ import annotations
