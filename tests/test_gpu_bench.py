@@ -127,3 +127,23 @@ def test_the_fold_path_imports_no_ray_faiss_mlflow_plotly_or_optuna(tmp_path: Pa
         f"{m} imported from {' <- '.join(chain) or '?'}" for m, chain in got["where"].items()
     )
     assert got["loaded"] == [], where
+
+
+def test_gpu_scripts_parse_and_gpu_check_refuses_without_a_gpu_in_one_line() -> None:
+    import torch
+
+    for script in ("gpu_wheels.sh", "gpu_check.sh"):
+        subprocess.run(["bash", "-n", str(REPO / "bench" / script)], check=True)
+    if torch.cuda.is_available():
+        return  # there it runs for real (minutes)
+    proc = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu_check.sh"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines() == [
+        "gpu_check: torch sees no CUDA device here (bench/gpu_fold.py --device cpu: the smoke run)"
+    ]
