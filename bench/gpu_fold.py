@@ -436,13 +436,20 @@ def packed(
             (subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log, stderr=log), log)
         )
         outs.append(out)
-    start_together(procs, outs)
-    for proc, log in procs:
-        code = proc.wait(timeout=600)
-        log.close()
-        if code != 0:
-            tail = Path(log.name).read_text().strip().splitlines()[-5:]
-            raise RuntimeError(f"packed worker exited {code}: " + " | ".join(tail))
+    try:
+        start_together(procs, outs)
+        for proc, log in procs:
+            code = proc.wait(timeout=300)
+            log.close()
+            if code != 0:
+                tail = Path(log.name).read_text().strip().splitlines()[-5:]
+                raise RuntimeError(f"packed worker exited {code}: " + " | ".join(tail))
+    finally:
+        for proc, log in procs:  # on an error: none left behind
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
     runs = [json.loads(o.read_text()) for o in outs]
     warm = PROFILES[args.profile].warmup
     start = max(r["stamps"][min(warm, len(r["stamps"]) - 2)] for r in runs)
@@ -508,8 +515,8 @@ def row(section: str, measure: str, value: float | None, unit: str, goal: str = 
     }
 
 
-def measure_fold(args: argparse.Namespace, tmp: Path, busy: BusySampler | None) -> list[dict]:
-    """Parts a and b: the cache build, one fold, the upper bound."""
+def build_cache(args: argparse.Namespace, tmp: Path) -> list[dict]:
+    """The decoded cache of the images, built and timed before any fold (CPU only)."""
     from mlrc import data
     from mlrc.data.cache import decoded_cache, default_cache_dir
 
@@ -517,7 +524,13 @@ def measure_fold(args: argparse.Namespace, tmp: Path, busy: BusySampler | None) 
     ds = data.build("image_folder", root=tmp / "images")
     t0 = time.monotonic()
     decoded_cache(ds, fold_preset(prof, 1, 1).image.resize, default_cache_dir(), progress=False)
-    rows = [row("data", "decoded cache build", time.monotonic() - t0, "s", images=len(ds))]
+    return [row("data", "decoded cache build", time.monotonic() - t0, "s", images=len(ds))]
+
+
+def measure_fold(args: argparse.Namespace, tmp: Path, busy: BusySampler | None) -> list[dict]:
+    """Parts a and b: one fold, the upper bound (in this process)."""
+    prof = PROFILES[args.profile]
+    rows = []
     run = run_fold(tmp / "images", tmp / "fold", args.device, prof, 2, prof.iterations)
     fig = fold_figures(run, prof.warmup)
     fold_busy = busy.mean(*fig["window"]) if busy else None
@@ -533,7 +546,14 @@ def measure_fold(args: argparse.Namespace, tmp: Path, busy: BusySampler | None) 
         row("fold", "÷ upper bound", ratio, "×", f"≥ {GOAL_RATIO}", met=ratio >= GOAL_RATIO),
         row("fold", "first batch, epoch 1", fig["first_batch_s"][0], "s"),
         row("fold", "first batch, epoch 2", fig["first_batch_s"][1], "s"),
-        row("fold", "last.pt writes", len(ckpt), "n", in_step=fig["last_pt_in_step"]),
+        row(
+            "fold",
+            "last.pt writes",
+            len(ckpt),
+            "n",
+            in_step=fig["last_pt_in_step"],
+            note=f"{fig['last_pt_in_step']} by the training thread",
+        ),
         row("fold", "last.pt write, mean", float(np.mean(ckpt)) if ckpt else None, "s"),
         row("fold", "last.pt write, max", max(ckpt) if ckpt else None, "s"),
     ]
@@ -607,9 +627,11 @@ def main(argv: list[str] | None = None) -> int:
             busy.start()
         try:
             rows = [row("data", "JPEGs written", time.monotonic() - t0, "s", bytes=jpeg_bytes)]
-            rows += measure_fold(args, tmp, busy)
-            if not args.no_packed:
-                rows += measure_packed(args, tmp, busy)
+            rows += build_cache(args, tmp)
+            # the packed processes first: this one opens no CUDA context before them (an MPS
+            # server is started for them alone); NVML's utilisation needs none
+            packed_rows = [] if args.no_packed else measure_packed(args, tmp, busy)
+            rows += measure_fold(args, tmp, busy) + packed_rows
         finally:
             if busy is not None:
                 busy.stopped.set()
@@ -631,13 +653,12 @@ def report(args: argparse.Namespace, rows: list[dict], busy: BusySampler | None)
         f"batch {prof.batch or 32})"
     )
     table = Table(title=title)
-    for col in ("section", "measure", "value", "unit", "goal", "met"):
+    for col in ("section", "measure", "value", "unit", "goal", "met", "note"):
         table.add_column(col, justify="right" if col == "value" else "left")
     for r in rows:
         if r["section"] != "packed":
-            table.add_row(
-                r["section"], r["measure"], fmt(r["value"]), r["unit"], r["goal"], r["met"]
-            )
+            cells = (r["section"], r["measure"], fmt(r["value"]), r["unit"], r["goal"], r["met"])
+            table.add_row(*cells, r.get("note") or "")
     console.print(table)
     console.print(f"GPU busy: {busy.source if busy else 'n/a (no GPU)'}")
     packed_rows = [r for r in rows if r["section"] == "packed"]
@@ -681,6 +702,8 @@ def report(args: argparse.Namespace, rows: list[dict], busy: BusySampler | None)
 def fmt(value: float | None) -> str:
     if value is None:
         return "n/a"
+    if float(value).is_integer():
+        return str(int(value))
     return f"{value:.3f}" if abs(value) < 10 else f"{value:.0f}"
 
 
