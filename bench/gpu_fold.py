@@ -97,7 +97,7 @@ class Profile:
 
 
 PROFILES = {
-    "full": Profile(64, 24, 8, 300, 30, 300, 240, (1, 2, 4), True),
+    "full": Profile(64, 24, 8, 250, 30, 250, 200, (1, 2, 4), True),
     "quick": Profile(32, 16, 4, 100, 20, 100, 100, (1, 4), False),
     "cpu": Profile(6, 6, 2, 4, 1, 4, 4, (1, 2), False, 0.25, 72, 64, 8, 1, 8),
 }
