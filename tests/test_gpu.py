@@ -23,9 +23,12 @@ from typing import Any
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="GPU-only: torch sees no CUDA device here"
-)
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="GPU-only: torch sees no CUDA device here"
+    ),
+]
 
 OVERRIDES: dict[str, Any] = {
     "pretrained": False,
