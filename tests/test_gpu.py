@@ -245,3 +245,59 @@ def test_a_worker_on_cuda_1_opens_no_context_on_gpu_0(tmp_path: Path) -> None:
     if before is None:
         pytest.skip("nvidia-smi does not show this process and pynvml is absent: cannot tell")
     assert after - before < 150 * 2**20, f"GPU 0 used {(after - before) / 2**20:.0f} MiB more"
+
+
+def _preset(**over: Any):
+    from mlrc.config import load_preset
+
+    return load_preset("reference", {**OVERRIDES, **over})
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_tf32_setting_decides_the_precision_of_fp32_convolutions_and_matmuls(tf32: bool) -> None:
+    """apply_numerics with tf32: false gives IEEE fp32 (error vs float64 ~1e-6 relative); with
+    tf32: true on Ampere or later, TF32's 10-bit mantissa (~1e-3). The reference: float64."""
+    from mlrc.train.numerics import apply_numerics
+
+    if tf32 and torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("TF32 needs an Ampere or later GPU")
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        apply_numerics(_preset(tf32=tf32), "cuda:0")
+        g = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(512, 512, device="cuda", generator=g)
+        b = torch.randn(512, 512, device="cuda", generator=g)
+        x = torch.randn(8, 64, 32, 32, device="cuda", generator=g)
+        w = torch.randn(64, 64, 3, 3, device="cuda", generator=g)
+        mm = ((a @ b).double() - a.double() @ b.double()).abs().max() / (
+            a.double() @ b.double()
+        ).abs().max()
+        conv = torch.nn.functional.conv2d(x, w, padding=1)
+        ref = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
+        cv = (conv.double() - ref).abs().max() / ref.abs().max()
+        if tf32:
+            assert mm > 1e-5 and cv > 1e-5, (mm, cv)
+        else:
+            assert mm < 1e-5 and cv < 1e-5, (mm, cv)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_provenance_names_this_gpu_and_its_versions() -> None:
+    """provenance("cuda:0") against torch's own getters and nvidia-smi's driver version."""
+    from mlrc.train.numerics import cudnn_text, provenance
+
+    p = provenance("cuda:0")
+    assert p["device_name"] == torch.cuda.get_device_name(0)
+    assert p["cuda"] == torch.version.cuda
+    assert p["cudnn"] == cudnn_text(torch.backends.cudnn.version())
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        out = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert p["driver"] == out
+    json.dumps(p)  # JSON-able, as the store keeps it
