@@ -91,6 +91,7 @@ RUNTIME_ONLY = (
     "checkpoint_minutes",
 )
 
+
 @dataclass(frozen=True)
 class AnyOf:
     """Several values of a later field that each mean "as before"."""
