@@ -301,3 +301,39 @@ def test_provenance_names_this_gpu_and_its_versions() -> None:
         ).stdout.strip()
         assert p["driver"] == out
     json.dumps(p)  # JSON-able, as the store keeps it
+
+
+def test_a_checkpoint_snapshot_of_cuda_state_is_a_pinned_copy_taken_at_that_moment() -> None:
+    """snapshot() queues device → pinned-host copies and returns the event that ends them; the
+    copy holds the values of the moment it was taken, whatever training does after."""
+    from mlrc.train.checkpoint import snapshot
+
+    w = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+    expected = w.cpu()
+    copy, event = snapshot({"model": {"w": w}, "epoch": 3})
+    w.add_(1.0)  # the next step, queued after the copy on the same stream
+    assert event is not None
+    event.synchronize()
+    assert copy["model"]["w"].device.type == "cpu" and copy["model"]["w"].is_pinned()
+    assert torch.equal(copy["model"]["w"], expected) and copy["epoch"] == 3
+
+
+def test_metrics_on_cuda_equal_the_cpu_path_with_reduced_matmul_precision_outside() -> None:
+    """The exact k-NN forces full fp32 locally: with the process at "high" (TF32) precision,
+    CUDA metrics of clustered embeddings equal the numpy path's bit for bit."""
+    import numpy as np
+
+    from mlrc.protocol import retrieval_metrics
+
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(50, 64))
+    labels = np.repeat(np.arange(50), 40)
+    emb = (centres[labels] + 0.8 * rng.normal(size=(2000, 64))).astype(np.float32)
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        on_gpu = retrieval_metrics(torch.from_numpy(emb).cuda(), torch.from_numpy(labels))
+        assert torch.get_float32_matmul_precision() == "high"  # the caller's setting restored
+    finally:
+        torch.set_float32_matmul_precision(saved)
+    assert on_gpu == retrieval_metrics(emb, labels)
