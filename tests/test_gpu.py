@@ -328,7 +328,7 @@ def test_metrics_on_cuda_equal_the_cpu_path_with_reduced_matmul_precision_outsid
     rng = np.random.default_rng(0)
     centres = rng.normal(size=(50, 64))
     labels = np.repeat(np.arange(50), 40)
-    emb = (centres[labels] + 0.8 * rng.normal(size=(2000, 64))).astype(np.float32)
+    emb = (centres[labels] + 3.0 * rng.normal(size=(2000, 64))).astype(np.float32)
     saved = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
