@@ -88,10 +88,10 @@ def debugging() -> bool:
 
 
 def traceback_folder() -> Path:
-    """Where the boundary writes tracebacks: ``$MLRC_CACHE/logs`` (``~/.cache/mlrc/logs``)."""
-    from mlrc.data.download import cache_dir
+    """Where the boundary writes tracebacks: ``$MLRC_CACHE/logs``, :func:`mlrc.paths.logs_dir`."""
+    from mlrc.paths import logs_dir
 
-    return cache_dir() / "logs"
+    return logs_dir()
 
 
 def _save_traceback(text: str) -> Path | None:

@@ -72,6 +72,7 @@ from PIL import Image
 from torchvision import transforms as T
 from tqdm.auto import tqdm
 
+from mlrc import paths
 from mlrc.data.base import DatasetError, ImageDataset, Source
 from mlrc.errors import alive
 
@@ -84,10 +85,8 @@ _TEMP = re.compile(r"^\.(?P<final>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]+\
 
 
 def default_cache_dir() -> Path:
-    """``$MLRC_CACHE/decoded`` (``MLRC_CACHE`` defaults to ``~/.cache/mlrc``)."""
-    from mlrc.data.download import cache_dir
-
-    return cache_dir() / "decoded"
+    """``$MLRC_CACHE/decoded``: :func:`mlrc.paths.decoded_dir`."""
+    return paths.decoded_dir()
 
 
 def decoded_cache(

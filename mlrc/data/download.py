@@ -1,8 +1,9 @@
 """Fetch a downloadable dataset once into a cache, checked against its SHA-256 (with pooch).
 
-Cache directory: ``$MLRC_CACHE`` or ``~/.cache/mlrc``. A file is written under a temporary name
-and renamed only after its checksum matched, so an interrupted or corrupt download never leaves
-a file that looks valid; a cached file whose checksum differs is fetched again.
+Cache directory: :func:`mlrc.paths.downloads_dir` (``$MLRC_CACHE``, default ``~/.cache/mlrc``).
+A file is written under a temporary name and renamed only after its checksum matched, so an
+interrupted or corrupt download never leaves a file that looks valid; a cached file whose
+checksum differs is fetched again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from mlrc import paths
 from mlrc.data.base import DatasetError
 from mlrc.errors import first_line
 
@@ -25,7 +27,8 @@ OMNIGLOT_SHA256 = "f38eb80f801274ac2b4dff5b24289016bfaba4a7d5bb50deebf27104ad6cb
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("MLRC_CACHE", Path.home() / ".cache" / "mlrc")).expanduser()
+    """Where downloads go: :func:`mlrc.paths.downloads_dir` (an empty ``MLRC_CACHE`` is unset)."""
+    return paths.downloads_dir()
 
 
 def sha256(path: Path) -> str:

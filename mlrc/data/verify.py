@@ -29,6 +29,7 @@ import numpy as np
 import PIL
 from PIL import Image
 
+from mlrc import paths
 from mlrc.data.base import DatasetError, ImageDataset
 from mlrc.data.cache import ordered_map
 
@@ -82,10 +83,8 @@ def decode_failures(
 
 
 def checked_dir() -> Path:
-    """``$MLRC_CACHE/checked`` (``MLRC_CACHE`` defaults to ``~/.cache/mlrc``)."""
-    from mlrc.data.download import cache_dir
-
-    return cache_dir() / "checked"
+    """``$MLRC_CACHE/checked``: :func:`mlrc.paths.checked_dir`."""
+    return paths.checked_dir()
 
 
 def image_keys(ds: ImageDataset) -> np.ndarray:

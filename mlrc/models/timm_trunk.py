@@ -37,8 +37,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mlrc import paths
 from mlrc.errors import first_line
-from mlrc.models.trunks import InputSpec, Trunk, weights_cache_dir
+from mlrc.models.trunks import InputSpec, Trunk
 from mlrc.registry import Entry, RegistryError
 
 __all__ = [
@@ -173,7 +174,7 @@ def _download(url: str, sha256: str | None) -> Path:
     """``url`` in ``$MLRC_CACHE/weights/timm`` (downloaded once, with torch.hub's downloader,
     which checks ``sha256`` as a prefix); the file's path. Without ``sha256``, the first
     download's SHA-256 is kept in ``<file>.sha256`` and later loads are checked against it."""
-    cache = weights_cache_dir() / "timm"
+    cache = paths.timm_weights_dir()
     tail = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1] or "weights"
     key = hashlib.sha256(url.encode()).hexdigest()[:12]
     path = cache / f"{key}-{tail}"

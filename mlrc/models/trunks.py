@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torchvision.models import ResNet, ResNet50_Weights
 from torchvision.models.resnet import Bottleneck
 
+from mlrc import paths
 from mlrc.errors import first_line
 from mlrc.registry import Entry, Registry
 
@@ -126,9 +127,8 @@ def _copy_spec(spec: InputSpec) -> InputSpec:
 
 
 def weights_cache_dir() -> Path:
-    """Download cache: ``$MLRC_CACHE/weights``; ``MLRC_CACHE`` defaults to ``~/.cache/mlrc``."""
-    root = os.environ.get("MLRC_CACHE") or os.path.join("~", ".cache", "mlrc")
-    return Path(root).expanduser() / "weights"
+    """Download cache: ``$MLRC_CACHE/weights``, :func:`mlrc.paths.weights_dir`."""
+    return paths.weights_dir()
 
 
 def _examples(keys: set[str], n: int = 3) -> str:

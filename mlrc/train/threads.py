@@ -42,6 +42,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from mlrc import paths
+
 __all__ = [
     "apply_threads",
     "configure",
@@ -123,9 +125,8 @@ def visible_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
 
 
 def lock_dir() -> Path:
-    """``$MLRC_CACHE/workers`` (``MLRC_CACHE`` defaults to ``~/.cache/mlrc``)."""
-    root = os.environ.get("MLRC_CACHE") or os.path.join("~", ".cache", "mlrc")
-    return Path(root).expanduser() / "workers"
+    """``$MLRC_CACHE/workers``: :func:`mlrc.paths.workers_dir`."""
+    return paths.workers_dir()
 
 
 def _host_prefix() -> str:
