@@ -89,21 +89,17 @@ def register(engine: Any, cfg: CampaignConfig, plan: Plan) -> None:
 def _refuse_changed(engine: Any, plan: Plan) -> None:
     """A :class:`~mlrc.search.StudyError` for the first study of ``plan`` stored with another
     configuration."""
-    from mlrc.config import identity
-    from mlrc.search import StudyError, first_difference
-    from mlrc.store import canonical_json
+    from mlrc.config import identity_change
+    from mlrc.search import StudyError
     from mlrc.store.campaigns import stored_configs
 
     stored = stored_configs(engine, [resolved.study.name for _, resolved in plan])
     for _, resolved in plan:
-        old, config = stored.get(resolved.study.name), resolved.fingerprint()
-        if old is not None:  # budgets may grow or shrink: compare the rest
-            old, config = identity(old), identity(config)
-        if old is not None and canonical_json(old) != canonical_json(config):
+        old = stored.get(resolved.study.name)
+        if old is not None and (changed := identity_change(old, resolved.fingerprint())):
             raise StudyError(
                 f"study {resolved.study.name!r} already exists in the store with a "
-                f"different configuration ({first_difference(old, config)}); "
-                "give the campaign a new name"
+                f"different configuration ({changed}); give the campaign a new name"
             )
 
 

@@ -15,6 +15,14 @@ The modules behind this interface:
 """
 
 from mlrc.config.checks import LOSS_LR_TYPE
+from mlrc.config.identity import (
+    BUDGETS,
+    RUNTIME_ONLY,
+    canonical_json,
+    first_difference,
+    identity,
+    identity_change,
+)
 from mlrc.config.load import (
     ConfigError,
     did_you_mean,
@@ -48,14 +56,11 @@ from mlrc.config.schema import (
 )
 from mlrc.config.spaces import PER_DATASET, SPACES_DIR, WITH_MINER, default_space
 from mlrc.config.study import (
-    BUDGETS,
-    RUNTIME_ONLY,
     SETTINGS,
     ResolvedStudy,
     budgets,
     copy_budgets,
     file_settings,
-    identity,
     load_study,
     resolve,
     with_changes,
@@ -98,7 +103,10 @@ __all__ = [
     "did_you_mean",
     "file_settings",
     "format_error",
+    "canonical_json",
+    "first_difference",
     "identity",
+    "identity_change",
     "load_preset",
     "load_study",
     "load_yaml",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +19,7 @@ from mlrc.config.checks import (
     check_values,
     param_types,
 )
+from mlrc.config.identity import BUDGETS, drop_speed_and_later_defaults
 from mlrc.config.load import ConfigError, did_you_mean, load_yaml, validate_model
 from mlrc.config.plugins import resolve_miner, resolve_strategy
 from mlrc.config.presets import load_preset
@@ -67,101 +67,8 @@ class ResolvedStudy(Strict):
         out["study"].pop("artifacts", None)
         out["study"].pop("tracking", None)  # where runs are logged, not what they compute
         out["study"].pop("split", None)  # where the split file is; its content is out["split"]
-        for key in RUNTIME_ONLY:  # how fast, not what is computed: may change on resume
-            out["preset"].pop(key, None)
-        for path, default in _LATER_FIELDS.items():
-            *parents, key = path
-            node = out
-            for p in parents:
-                node = node.get(p) or {}
-            if key in node and (
-                node[key] in default.values if isinstance(default, AnyOf) else node[key] == default
-            ):
-                del node[key]
+        drop_speed_and_later_defaults(out)
         return out
-
-
-# Preset fields that change speed, not the numbers (beyond float noise): not part of a study's
-# identity, so a study can be resumed with them switched.
-RUNTIME_ONLY = (
-    "cudnn_benchmark",
-    "pin_memory",
-    "persistent_workers",
-    "decoded_cache",
-    "checkpoint_minutes",
-)
-
-
-@dataclass(frozen=True)
-class AnyOf:
-    """Several values of a later field that each mean "as before"."""
-
-    values: tuple[Any, ...]
-
-
-# Fields added in mlrc 0.2 (performance and pruning), with the value that means "as before".
-_LATER_FIELDS: dict[tuple[str, ...], Any] = {
-    **{
-        ("preset", k): v
-        for k, v in {
-            "amp": "off",
-            "channels_last": False,
-            "cudnn_benchmark": False,
-            "pin_memory": False,
-            "persistent_workers": False,
-            "decoded_cache": False,
-        }.items()
-    },
-    **{
-        (part, "search", k): None
-        for part in ("study", "preset")
-        for k in ("pruner", "prune_startup")
-    },
-    ("pruner",): "none",
-    ("prune_startup",): 5,
-    # timm trunks and the modern preset
-    ("preset", "freeze_layernorm"): False,
-    ("preset", "normalize"): None,
-    ("preset", "optimizer", "name"): "rmsprop",
-    # custom splits (a study's ``split:``)
-    ("split",): None,
-    # the traditional protocol (#16): optimisers, schedules, selection
-    ("preset", "loss_optimizer", "name"): "rmsprop",
-    ("preset", "selection_metric"): "map_at_r",
-    ("preset", "lr_schedule"): None,
-    ("preset", "warmup_epochs"): 0,
-    # GPU numerics and on-device augmentation (#22)
-    # every fold before them ran on a CPU (no TF32 there): unset and off are what they computed
-    ("preset", "tf32"): AnyOf((None, False)),
-    ("preset", "deterministic"): False,
-    ("preset", "augment_on_device"): False,
-}
-
-
-# Where a fingerprint holds the budgets, by the field a user changes (the study file's
-# ``search.trials``, ``test.reproductions``): the resolved value first, then the file's and the
-# preset's. Budgets add work, they do not change a number: a study may grow or shrink.
-BUDGETS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "search.trials": (("trials",), ("study", "search", "trials"), ("preset", "search", "trials")),
-    "test.reproductions": (
-        ("reproductions",),
-        ("study", "test", "reproductions"),
-        ("preset", "test", "reproductions"),
-    ),
-}
-
-
-def identity(fingerprint: dict[str, Any]) -> dict[str, Any]:
-    """A fingerprint without its budgets: two studies with equal identities compute the same
-    numbers for the same work, whatever their numbers of trials and reproductions."""
-    out = copy.deepcopy(fingerprint)
-    for paths in BUDGETS.values():
-        for *parents, key in paths:
-            node = out
-            for p in parents:
-                node = node.get(p) or {}
-            node.pop(key, None)
-    return out
 
 
 def copy_budgets(

@@ -24,7 +24,7 @@ from mlrc.config import (
     ResolvedStudy,
     budgets,
     file_settings,
-    identity,
+    identity_change,
     with_settings,
 )
 from mlrc.config.splits import build_split
@@ -176,9 +176,7 @@ def open_study(
     with sqlite_lock(engine, resolved.study.name):
         if force_new:
             old = trials.stored_config(engine, resolved.study.name)
-            if old is not None and store.canonical_json(identity(old)) != store.canonical_json(
-                identity(resolved.fingerprint())
-            ):
+            if old is not None and identity_change(old, resolved.fingerprint()) is not None:
                 new_name = archive_study(engine, resolved.study.name, Path(artifacts))
                 log.warning("the stored study %r was archived as %r", resolved.study.name, new_name)
         ctx = build_context(
@@ -324,8 +322,7 @@ def _register(
         code_version=__version__,
         settings=initial,
     )
-    if store.canonical_json(identity(stored)) != store.canonical_json(identity(config)):
-        changed = first_difference(identity(stored), identity(config))
+    if (changed := identity_change(stored, config)) is not None:
         raise StudyError(
             f"study {study.name!r} already exists in the store with a different "
             f"configuration ({changed}); give the study a new name, or pass --force-new to "
@@ -439,13 +436,3 @@ def archive_study(engine: Engine, name: str, artifacts: Path) -> str:
     """Rename a stored study, its Optuna study and its artifact directory to ``NAME.old-K``
     (the first free K) and point its checkpoint paths there; nothing is deleted."""
     return trials.archive_study(engine, name, artifacts)
-
-
-def first_difference(a: Any, b: Any, where: str = "") -> str:
-    """``"path.to.key: <a> in the store, <b> now"`` for the first key where ``a`` and ``b``
-    differ (dictionaries compared recursively, keys in sorted order)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            if a.get(k) != b.get(k):
-                return first_difference(a.get(k), b.get(k), f"{where}.{k}" if where else k)
-    return f"{where}: {a!r} in the store, {b!r} now"

@@ -24,6 +24,7 @@ Every query, named for what it does, in one module per caller:
 SQL lives only in this package (an import-linter contract in pyproject.toml keeps it so).
 """
 
+from mlrc.config.identity import canonical_json  # the store hashes what config compares
 from mlrc.store import campaigns, history, reads, snapshot, trials
 from mlrc.store.engine import (
     advisory_lock,
@@ -69,7 +70,6 @@ from mlrc.store.schema import (
     StudyHistory,
     TestResult,
     Trial,
-    canonical_json,
 )
 
 __all__ = [

@@ -18,8 +18,6 @@ new :data:`SCHEMA_VERSION` (see :mod:`mlrc.store.migrate`).
 from __future__ import annotations
 
 import datetime as dt
-import json
-from typing import Any
 
 from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -231,8 +229,3 @@ class CampaignStudy(Base):
 
 METRIC_COLUMNS = ("map_at_r", "precision_at_1", "r_precision")
 NONFINITE = "non-finite"  # reasons of trials scored 0 start with it (state complete, value 0)
-
-
-def canonical_json(obj: Any) -> str:
-    """``obj`` as JSON with sorted keys and no spaces: equal values give equal strings (hashes)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)

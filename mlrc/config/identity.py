@@ -1,0 +1,158 @@
+"""What says "the same numbers?": a study's fingerprint rules and the comparisons made with it.
+
+A study's fingerprint (``ResolvedStudy.fingerprint()``, stored as ``mlrc_study.config``) is its
+resolved configuration; this module holds what it leaves out and how two are compared:
+
+- :data:`RUNTIME_ONLY`: preset fields that change speed, not numbers (left out always);
+- :data:`LATER_FIELDS`: fields added after stores were written, left out while they hold the
+  value that means "as before" (so an older study still matches its unchanged file);
+- :data:`BUDGETS` and :func:`identity`: a fingerprint without its budgets (trials,
+  reproductions), which may grow or shrink without changing a number;
+- :func:`canonical_json` (equal values, equal strings: what hashes and comparisons use),
+  :func:`first_difference` and :func:`identity_change`, the one "same configuration?" test of
+  ``study run``, ``campaign run`` and ``--force-new``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "BUDGETS",
+    "LATER_FIELDS",
+    "RUNTIME_ONLY",
+    "AnyOf",
+    "canonical_json",
+    "drop_speed_and_later_defaults",
+    "first_difference",
+    "identity",
+    "identity_change",
+]
+
+
+# Preset fields that change speed, not the numbers (beyond float noise): not part of a study's
+# identity, so a study can be resumed with them switched.
+RUNTIME_ONLY = (
+    "cudnn_benchmark",
+    "pin_memory",
+    "persistent_workers",
+    "decoded_cache",
+    "checkpoint_minutes",
+)
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """Several values of a later field that each mean "as before"."""
+
+    values: tuple[Any, ...]
+
+
+# Fields added in mlrc 0.2 (performance and pruning), with the value that means "as before".
+LATER_FIELDS: dict[tuple[str, ...], Any] = {
+    **{
+        ("preset", k): v
+        for k, v in {
+            "amp": "off",
+            "channels_last": False,
+            "cudnn_benchmark": False,
+            "pin_memory": False,
+            "persistent_workers": False,
+            "decoded_cache": False,
+        }.items()
+    },
+    **{
+        (part, "search", k): None
+        for part in ("study", "preset")
+        for k in ("pruner", "prune_startup")
+    },
+    ("pruner",): "none",
+    ("prune_startup",): 5,
+    # timm trunks and the modern preset
+    ("preset", "freeze_layernorm"): False,
+    ("preset", "normalize"): None,
+    ("preset", "optimizer", "name"): "rmsprop",
+    # custom splits (a study's ``split:``)
+    ("split",): None,
+    # the traditional protocol (#16): optimisers, schedules, selection
+    ("preset", "loss_optimizer", "name"): "rmsprop",
+    ("preset", "selection_metric"): "map_at_r",
+    ("preset", "lr_schedule"): None,
+    ("preset", "warmup_epochs"): 0,
+    # GPU numerics and on-device augmentation (#22)
+    # every fold before them ran on a CPU (no TF32 there): unset and off are what they computed
+    ("preset", "tf32"): AnyOf((None, False)),
+    ("preset", "deterministic"): False,
+    ("preset", "augment_on_device"): False,
+}
+
+
+# Where a fingerprint holds the budgets, by the field a user changes (the study file's
+# ``search.trials``, ``test.reproductions``): the resolved value first, then the file's and the
+# preset's. Budgets add work, they do not change a number: a study may grow or shrink.
+BUDGETS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "search.trials": (("trials",), ("study", "search", "trials"), ("preset", "search", "trials")),
+    "test.reproductions": (
+        ("reproductions",),
+        ("study", "test", "reproductions"),
+        ("preset", "test", "reproductions"),
+    ),
+}
+
+
+def identity(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprint without its budgets: two studies with equal identities compute the same
+    numbers for the same work, whatever their numbers of trials and reproductions."""
+    out = copy.deepcopy(fingerprint)
+    for paths in BUDGETS.values():
+        for *parents, key in paths:
+            node = out
+            for p in parents:
+                node = node.get(p) or {}
+            node.pop(key, None)
+    return out
+
+
+def drop_speed_and_later_defaults(fingerprint: dict[str, Any]) -> None:
+    """Remove, in place, the :data:`RUNTIME_ONLY` preset fields and every :data:`LATER_FIELDS`
+    field that holds its "as before" value."""
+    for key in RUNTIME_ONLY:  # how fast, not what is computed: may change on resume
+        fingerprint["preset"].pop(key, None)
+    for path, default in LATER_FIELDS.items():
+        *parents, key = path
+        node = fingerprint
+        for p in parents:
+            node = node.get(p) or {}
+        if key in node and (
+            node[key] in default.values if isinstance(default, AnyOf) else node[key] == default
+        ):
+            del node[key]
+
+
+def canonical_json(obj: Any) -> str:
+    """``obj`` as JSON with sorted keys and no spaces: equal values give equal strings (hashes)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def first_difference(a: Any, b: Any, where: str = "") -> str:
+    """``"path.to.key: <a> in the store, <b> now"`` for the first key where ``a`` and ``b``
+    differ (dictionaries compared recursively, keys in sorted order)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return first_difference(a.get(k), b.get(k), f"{where}.{k}" if where else k)
+    return f"{where}: {a!r} in the store, {b!r} now"
+
+
+def identity_change(stored: dict[str, Any], fingerprint: dict[str, Any]) -> str | None:
+    """``None`` when a stored study (its fingerprint ``stored``) and ``fingerprint`` compute the
+    same numbers (equal :func:`identity`), else the first difference
+    (:func:`first_difference`): the one comparison of ``study run``, ``campaign run`` and
+    ``--force-new``."""
+    old, new = identity(stored), identity(fingerprint)
+    if canonical_json(old) == canonical_json(new):
+        return None
+    return first_difference(old, new)
