@@ -435,13 +435,9 @@ def run_study(
 
 def _expected(e: Exception) -> bool:
     """An error of the study itself (its dataset, its lock, its files), not a crash."""
-    from mlrc.config import ConfigError
-    from mlrc.data.base import DatasetError
-    from mlrc.protocol import SplitError
-    from mlrc.registry import RegistryError
-    from mlrc.search import StudyError
+    from mlrc.search.errors import USER_ERRORS
 
-    return isinstance(e, StudyError | DatasetError | SplitError | RegistryError | ConfigError)
+    return isinstance(e, USER_ERRORS)
 
 
 def _search_and_test(ctx: Any, backend: str, ray_options: dict[str, Any]) -> str | None:

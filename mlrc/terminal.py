@@ -18,10 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from mlrc.data.base import DatasetError
 from mlrc.errors import worker_message
-from mlrc.protocol import SplitError
-from mlrc.registry import RegistryError
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True, emoji=False)  # one line, as written
@@ -146,13 +143,11 @@ def write_out(path: Path, write) -> None:
 @contextmanager
 def user_errors():
     """Turn every expected failure into one line on stderr and exit code 2."""
-    from mlrc.config import ConfigError
-    from mlrc.search import StudyError
-    from mlrc.store import StoreError
+    from mlrc.search.errors import USER_ERRORS
 
     try:
         yield
-    except (ConfigError, StudyError, StoreError, DatasetError, RegistryError, SplitError) as e:
+    except USER_ERRORS as e:
         fail(worker_message(str(e)))
 
 

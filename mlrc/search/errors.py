@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
+from mlrc.config import ConfigError
+from mlrc.data.base import DatasetError
 from mlrc.errors import interrupt_behind
+from mlrc.protocol import SplitError
+from mlrc.registry import RegistryError
+from mlrc.store import StoreError
 
 __all__ = [
     "INTERRUPTED",
+    "USER_ERRORS",
     "Interrupted",
     "StudyError",
     "ending",
@@ -19,6 +25,18 @@ INTERRUPTED = "interrupted"  # the state, and the reason, of work stopped by a s
 
 class StudyError(RuntimeError):
     """The study cannot run as asked (locked, changed config, no complete trial, ...)."""
+
+
+# The expected failures: a user's input or the state of the store, each one line for the user
+# (the CLI prints it and exits 2; a campaign records it as the study's reason), never a crash.
+USER_ERRORS: tuple[type[Exception], ...] = (
+    ConfigError,
+    StudyError,
+    StoreError,
+    DatasetError,
+    RegistryError,
+    SplitError,
+)
 
 
 class Interrupted(KeyboardInterrupt):
