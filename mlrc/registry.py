@@ -16,6 +16,10 @@ Where entries come from:
   callable taking no arguments that registers when called. One that fails is skipped with a
   one-line warning naming the distribution and the entry point.
 
+Each entry remembers where it came from (:meth:`Registry.source`): ``mlrc`` for the built-ins,
+the distribution's name for one registered while its entry point loads (else the distribution
+that installed the registering module, else that module's top-level package).
+
 A plug-in's search space is ``register(..., space=...)`` (a path, an ``importlib.resources``
 traversable, or ``"package:file.yaml"``), else a ``<name>.yaml`` beside the registering module
 (found through ``importlib.resources``); :func:`mlrc.config.default_space` reads it when
@@ -32,7 +36,7 @@ import pkgutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
+from importlib.metadata import entry_points, packages_distributions
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -102,6 +106,8 @@ class Registry(Generic[T]):
         self.entry_type = entry
         self.fixed = fixed
         self._entries: dict[str, Entry] = {}
+        self._sources: dict[str, str] = {}  # name → distribution whose entry point registered it
+        self._loading: str | None = None  # the distribution whose entry point is loading now
         self._plugins_loaded = group is None
 
     # --- adding and removing ---------------------------------------------------------------
@@ -128,6 +134,8 @@ class Registry(Generic[T]):
                 doc=doc.splitlines()[0] if doc else "",
                 **meta,
             )
+            if self._loading is not None:
+                self._sources[name] = self._loading
             return factory
 
         return decorate if factory is None else decorate(factory)
@@ -135,6 +143,7 @@ class Registry(Generic[T]):
     def unregister(self, name: str) -> None:
         """Remove ``name`` if registered (tests register throwaway plug-ins)."""
         self._entries.pop(name, None)
+        self._sources.pop(name, None)
 
     # --- lookups ---------------------------------------------------------------------------
 
@@ -180,6 +189,15 @@ class Registry(Generic[T]):
                 )
         return spec.factory(*args, **kwargs)
 
+    def source(self, name: str) -> str:
+        """Where ``name`` came from: ``"mlrc"`` for a built-in, else the distribution whose entry
+        point registered it, else the distribution that installed its factory's module, else that
+        module's top-level package (a module on ``sys.path`` that no distribution installed)."""
+        entry = self.info(name)  # RegistryError for an unknown name
+        if name in self._sources:
+            return self._sources[name]
+        return _distribution_of(getattr(entry.factory, "__module__", "") or "")
+
     def space(self, name: str) -> Traversable | Path | None:
         """The plug-in's own search-space file: ``space=`` of ``register``, else ``<name>.yaml``
         beside the registering module; None when it has neither (or ``name`` is unknown)."""
@@ -217,12 +235,14 @@ class Registry(Generic[T]):
             return
         self._plugins_loaded = True  # before loading: a plug-in may look entries up itself
         for ep in entry_points(group=self.group):
+            dist = getattr(getattr(ep, "dist", None), "name", None)
+            self._loading = dist
             try:
                 obj = ep.load()
                 if callable(obj) and not inspect.ismodule(obj):
                     obj()
             except Exception as e:  # noqa: BLE001 — a broken plug-in must not stop mlrc
-                dist = getattr(getattr(ep, "dist", None), "name", None) or "unknown distribution"
+                dist = dist or "unknown distribution"
                 lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
                 log.warning(
                     "%s plug-in %r of %s not loaded (entry point %s in %s): %s%s",
@@ -234,3 +254,15 @@ class Registry(Generic[T]):
                     type(e).__name__,
                     f": {lines[0]}" if lines else "",
                 )
+            finally:
+                self._loading = None
+
+
+def _distribution_of(module: str) -> str:
+    """``"mlrc"`` for mlrc's own modules; else the installed distribution that provides the
+    top-level package of ``module`` (its name as installed), else that package's name."""
+    top = module.partition(".")[0]
+    if top == "mlrc":
+        return "mlrc"
+    dists = packages_distributions().get(top, [])
+    return dists[0] if dists else top or "unknown"

@@ -182,6 +182,7 @@ def _add_subapps() -> None:
     from mlrc.cli.data import data_app
     from mlrc.cli.demo import demo
     from mlrc.cli.gc import gc
+    from mlrc.cli.plugins import plugins_app
     from mlrc.cli.report import report
     from mlrc.cli.slurm import slurm_app
     from mlrc.cli.store import store_app
@@ -198,6 +199,7 @@ def _add_subapps() -> None:
     app.add_typer(dashboard_app, name="dashboard")
     app.add_typer(store_app, name="store")
     app.add_typer(slurm_app, name="slurm")
+    app.add_typer(plugins_app, name="plugins")
 
 
 _add_subapps()

@@ -166,7 +166,7 @@ class MeanFieldClassWiseMultiSimilarity(_MeanFields):
         return loss
 
 
-@register("mean_field_contrastive", batch="class", has_parameters=True)
+@register("mean_field_contrastive", batch="class", takes_tuples=False, has_parameters=True)
 def mean_field_contrastive(
     *,
     num_classes: int,
@@ -179,7 +179,7 @@ def mean_field_contrastive(
     return MeanFieldContrastive(num_classes, embedding_size, pos_margin, neg_margin, lambda_mf)
 
 
-@register("class_wise_multi_similarity", batch="pair")
+@register("class_wise_multi_similarity", batch="pair", takes_tuples=False)
 def class_wise_multi_similarity(
     *,
     num_classes: int,
@@ -192,7 +192,9 @@ def class_wise_multi_similarity(
     return ClassWiseMultiSimilarity(alpha, beta, delta)
 
 
-@register("mean_field_class_wise_multi_similarity", batch="class", has_parameters=True)
+@register(
+    "mean_field_class_wise_multi_similarity", batch="class", takes_tuples=False, has_parameters=True
+)
 def mean_field_class_wise_multi_similarity(
     *,
     num_classes: int,

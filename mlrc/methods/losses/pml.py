@@ -19,7 +19,7 @@ from mlrc.methods.losses import register
 from mlrc.params import Count, Degrees, Positive
 
 
-@register("contrastive", batch="pair")
+@register("contrastive", batch="pair", takes_tuples=True)
 def contrastive(
     *, num_classes: int, embedding_size: int, pos_margin: float = 0.0, neg_margin: float = 1.0
 ):
@@ -27,19 +27,19 @@ def contrastive(
     return L.ContrastiveLoss(pos_margin=pos_margin, neg_margin=neg_margin)
 
 
-@register("triplet", batch="pair")
+@register("triplet", batch="pair", takes_tuples=True)
 def triplet(*, num_classes: int, embedding_size: int, margin: float = 0.05):
     """Triplet margin loss over all triplets of the batch; margin is an L2 distance."""
     return L.TripletMarginLoss(margin=margin)
 
 
-@register("ntxent", batch="pair")
+@register("ntxent", batch="pair", takes_tuples=True)
 def ntxent(*, num_classes: int, embedding_size: int, temperature: Positive = 0.07):
     """NT-Xent (InfoNCE) over cosine similarities."""
     return L.NTXentLoss(temperature=temperature)
 
 
-@register("multi_similarity", batch="pair")
+@register("multi_similarity", batch="pair", takes_tuples=True)
 def multi_similarity(
     *,
     num_classes: int,
@@ -52,7 +52,7 @@ def multi_similarity(
     return L.MultiSimilarityLoss(alpha=alpha, beta=beta, base=base)
 
 
-@register("normalized_softmax", batch="class", has_parameters=True)
+@register("normalized_softmax", batch="class", takes_tuples=True, has_parameters=True)
 def normalized_softmax(*, num_classes: int, embedding_size: int, temperature: Positive = 0.05):
     """Normalized softmax (NormFace) with one learnt weight vector per training class."""
     return L.NormalizedSoftmaxLoss(num_classes, embedding_size, temperature=temperature)
@@ -64,19 +64,22 @@ def normalized_softmax(*, num_classes: int, embedding_size: int, temperature: Po
 # ---------------------------------------------------------------------------------------------
 
 
-@register("proxy_nca", batch="class", has_parameters=True)
+@register("proxy_nca", batch="class", takes_tuples=True, has_parameters=True)
 def proxy_nca(*, num_classes: int, embedding_size: int, softmax_scale: float = 1.0):
     """ProxyNCA (Movshovitz-Attias et al. 2017): softmax over −softmax_scale·‖x̂ − p̂‖² (squared L2 between unit embedding and unit proxy), own proxy included in the denominator."""
     return L.ProxyNCALoss(num_classes, embedding_size, softmax_scale=softmax_scale)
 
 
-@register("margin", batch="pair", has_parameters=True, loss_weight_decay=0.0)  # MLRC: β no wd
+# MLRC trained β without weight decay
+@register("margin", batch="pair", takes_tuples=True, has_parameters=True, loss_weight_decay=0.0)
 def margin_loss(*, num_classes: int, embedding_size: int, margin: float = 0.2, beta: float = 1.2):
     """Margin loss (Wu et al. 2017), all triplets: [m + d_ap − β]₊ + [m + β − d_an]₊ with L2 distances between unit embeddings; one learnt β (init ``beta``), ν = 0."""
     return L.MarginLoss(margin=margin, nu=0.0, beta=beta, learn_beta=True)
 
 
-@register("margin_per_class", batch="pair", has_parameters=True, loss_weight_decay=0.0)
+@register(
+    "margin_per_class", batch="pair", takes_tuples=True, has_parameters=True, loss_weight_decay=0.0
+)
 def margin_per_class(
     *, num_classes: int, embedding_size: int, margin: float = 0.2, beta: float = 1.2
 ):
@@ -84,7 +87,7 @@ def margin_per_class(
     return L.MarginLoss(margin=margin, nu=0.0, beta=beta, learn_beta=True, num_classes=num_classes)
 
 
-@register("cosface", batch="class", has_parameters=True)
+@register("cosface", batch="class", takes_tuples=True, has_parameters=True)
 def cosface(*, num_classes: int, embedding_size: int, margin: float = 0.35, scale: float = 64.0):
     """CosFace (Wang et al. 2018): softmax over scale·(cos θ − margin·[target]), cosines between unit embedding and unit class weight; margin is a cosine offset."""
     return L.CosFaceLoss(
@@ -92,13 +95,13 @@ def cosface(*, num_classes: int, embedding_size: int, margin: float = 0.35, scal
     )
 
 
-@register("arcface", batch="class", has_parameters=True)
+@register("arcface", batch="class", takes_tuples=True, has_parameters=True)
 def arcface(*, num_classes: int, embedding_size: int, margin: Degrees = 28.6, scale: float = 64.0):
     """ArcFace (Deng et al. 2019): softmax over scale·cos(θ + margin) for the target class, θ the angle to the unit class weight; margin in DEGREES (PML), not radians."""
     return L.ArcFaceLoss(num_classes, embedding_size, margin=margin, scale=scale)
 
 
-@register("fastap", batch="pair")
+@register("fastap", batch="pair", takes_tuples=True)
 def fastap(*, num_classes: int, embedding_size: int, num_bins: Count = 10):
     """FastAP (Cakir et al. 2019): 1 − histogram-binned AP per anchor over squared L2 distances between unit embeddings (range [0, 4], ``num_bins`` bins)."""
     return L.FastAPLoss(num_bins=int(num_bins))
@@ -115,7 +118,7 @@ class _UnitZeroMeanRegularizer(ZeroMeanRegularizer):
         return super().compute_loss(F.normalize(embeddings, p=2, dim=1))
 
 
-@register("snr", batch="pair")
+@register("snr", batch="pair", takes_tuples=True)
 def snr(
     *,
     num_classes: int,
@@ -135,7 +138,7 @@ def snr(
     )
 
 
-@register("soft_triple", batch="class", has_parameters=True)
+@register("soft_triple", batch="class", takes_tuples=True, has_parameters=True)
 def soft_triple(
     *,
     num_classes: int,
@@ -165,7 +168,7 @@ def soft_triple(
     )
 
 
-@register("proxy_anchor", batch="class", has_parameters=True)
+@register("proxy_anchor", batch="class", takes_tuples=True, has_parameters=True)
 def proxy_anchor(
     *, num_classes: int, embedding_size: int, alpha: float = 32.0, margin: float = 0.1
 ):
@@ -187,13 +190,13 @@ class _UnitAngularLoss(L.AngularLoss):
         )
 
 
-@register("angular", batch="pair")
+@register("angular", batch="pair", takes_tuples=True)
 def angular(*, num_classes: int, embedding_size: int, alpha: Degrees = 40.0):
     """Angular loss (Wang et al. 2017), angular term only, on unit embeddings (all normalised); alpha in DEGREES (PML), no N-pair term or L2 penalty (unlike Roth et al.)."""
     return _UnitAngularLoss(alpha=alpha)
 
 
-@register("lifted_structure", batch="pair")
+@register("lifted_structure", batch="pair", takes_tuples=True)
 def lifted_structure(
     *, num_classes: int, embedding_size: int, pos_margin: float = 0.0, neg_margin: float = 1.0
 ):
@@ -201,7 +204,7 @@ def lifted_structure(
     return L.LiftedStructureLoss(neg_margin=neg_margin, pos_margin=pos_margin)
 
 
-@register("generalized_lifted_structure", batch="pair")
+@register("generalized_lifted_structure", batch="pair", takes_tuples=True)
 def generalized_lifted_structure(
     *, num_classes: int, embedding_size: int, pos_margin: float = 0.0, neg_margin: float = 1.0
 ):
@@ -209,7 +212,7 @@ def generalized_lifted_structure(
     return L.GeneralizedLiftedStructureLoss(neg_margin=neg_margin, pos_margin=pos_margin)
 
 
-@register("npairs", batch="pair")
+@register("npairs", batch="pair", takes_tuples=True)
 def npairs(*, num_classes: int, embedding_size: int):
     """N-pair (Sohn 2016): cross-entropy over dot products of *L2-normalised* embeddings (PML default; temperature 1, no L2 penalty), one pair per class."""
     return L.NPairsLoss()
@@ -224,7 +227,7 @@ class _HistogramLoss(L.HistogramLoss):
         return super().compute_density(distances.clamp(-1.0, top))
 
 
-@register("histogram", batch="pair")
+@register("histogram", batch="pair", takes_tuples=True)
 def histogram(*, num_classes: int, embedding_size: int, n_bins: Count = 100):
     """Histogram loss (Ustinova & Lempitsky 2016): P(negative more similar than positive) from soft histograms of cosine similarities; n_bins intervals on [−1, 1] (Δ = 2/n_bins)."""
     return _HistogramLoss(n_bins=int(n_bins))
