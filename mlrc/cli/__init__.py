@@ -19,6 +19,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from mlrc.cli.help import readable_help
 from mlrc.cli.options import (
     DEFAULT_ARTIFACTS,
     DEFAULT_STORAGE,
@@ -157,7 +158,11 @@ def _unexpected(e: Exception, command: str, debug: bool = False) -> None:
 
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="The ``mlrc`` command.", cls=_Boundary
+    add_completion=False,
+    no_args_is_help=True,
+    help="Hyperparameter search for deep metric learning under the protocol of A Metric Learning "
+    "Reality Check: datasets, studies, campaigns and their reports.",
+    cls=_Boundary,
 )
 
 
@@ -203,6 +208,7 @@ def _add_subapps() -> None:
 
 
 _add_subapps()
+readable_help(app)  # whole sentences, no RST markup, in --help and the generated CLI reference
 
 
 def command_paths() -> list[str]:
