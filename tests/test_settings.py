@@ -245,8 +245,11 @@ def test_a_single_process_never_waits(tmp_path):
 
 
 WAITER = """
-import sys
+import signal, sys
 from pathlib import Path
+# Ctrl-C as a shell delivers it, whatever the test runner's process left ignored or blocked
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 from mlrc.train import threads
 threads.configure(None, Path(sys.argv[1]))
 with threads.fold_slot(1):
@@ -267,7 +270,12 @@ def test_a_process_stopped_while_it_waits_leaves_no_wait_behind(tmp_path):
             time.sleep(0.1)
         assert list(d.glob("*.wait-*.slot")), "the waiter never waited"
         waiter.send_signal(signal.SIGINT)  # Ctrl-C while it waits
-        out, err = waiter.communicate(timeout=30)
+        try:
+            out, err = waiter.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # say what the waiter was doing, for the next reader
+            status = Path(f"/proc/{waiter.pid}/status").read_text().splitlines()
+            state = [line for line in status if line.startswith(("State", "Sig", "Threads"))]
+            raise AssertionError(f"the waiter ignored Ctrl-C for 30 s: {state}") from None
         assert "ran" not in out and "waiting for a free slot" in err
         assert not list(d.glob("*.wait-*.slot"))  # its wait ended with it
     finally:
