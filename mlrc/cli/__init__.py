@@ -3,8 +3,9 @@
 One module per command group: ``mlrc data …`` is :mod:`mlrc.cli.data`, ``mlrc study
 run|test|status`` :mod:`mlrc.cli.study`, ``mlrc worker`` :mod:`mlrc.cli.worker`, ``mlrc report``
 :mod:`mlrc.cli.report`, ``mlrc demo`` :mod:`mlrc.cli.demo`, ``mlrc campaign …``
-:mod:`mlrc.cli.campaign`, ``mlrc dashboard …`` and ``mlrc store …`` their namesakes; options
-they share are in :mod:`mlrc.cli.options`. This module holds the Typer ``app``, its error
+:mod:`mlrc.cli.campaign`, ``mlrc plugins list`` :mod:`mlrc.cli.plugins`, ``mlrc dashboard …``
+and ``mlrc store …`` their namesakes; options they share are in :mod:`mlrc.cli.options`, and
+every command's help is made readable from its docstring by :mod:`mlrc.cli.help`. This module holds the Typer ``app``, its error
 boundary and the registration of the groups (:func:`_add_subapps`).
 """
 
