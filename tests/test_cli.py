@@ -60,7 +60,7 @@ def test_data_summary_shows_the_folds_a_study_trains(tmp_path):
 
     from mlrc import data
     from mlrc.config import load_study
-    from mlrc.search.context import split_of
+    from mlrc.search.session import split_of
 
     study = tmp_path / "s.yaml"
     study.write_text(

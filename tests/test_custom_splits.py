@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from mlrc import data
 from mlrc.cli import app
 from mlrc.config import ConfigError, StudyConfig, load_study, resolve, validate_model
+from mlrc.config.identity import artifact_key, artifact_scope
 from mlrc.config.splits import build_split, resolve_split
-from mlrc.search.context import protocol_key, protocol_of
 
 runner = CliRunner()
 TINY = {
@@ -323,7 +323,7 @@ def resolved_with(tmp_path: Path, split: dict | None, file: str = "s.yaml"):
 def test_a_study_without_split_keeps_its_fingerprint(tmp_path):
     fp = resolved_with(tmp_path, None).fingerprint()
     assert "split" not in fp and "split" not in fp["study"]
-    assert "split" not in protocol_of(resolved_with(tmp_path, None))
+    assert "split" not in artifact_scope(resolved_with(tmp_path, None).fingerprint())
     # the same study resolved from a StudyConfig without the field at all
     plain = resolve(validate_model(StudyConfig, study_doc(), "s"), "s").fingerprint()
     assert plain == fp
@@ -337,7 +337,9 @@ def test_the_split_s_content_is_the_study_s_identity(tmp_path, names):
     # the same content elsewhere, in another order within its lists: the same identity
     shuffled = {"folds": [names[8:5:-1], names[11:8:-1]], "test": names[5::-1]}
     b = resolved_with(tmp_path / "b", shuffled, file="other.yaml")
-    assert a.fingerprint() == b.fingerprint() and protocol_key(a) == protocol_key(b)
+    assert a.fingerprint() == b.fingerprint() and artifact_key(a.fingerprint()) == artifact_key(
+        b.fingerprint()
+    )
     assert a.fingerprint()["split"] == {
         "test": sorted(names[:6]),
         "folds": [sorted(names[6:9]), sorted(names[9:12])],
@@ -347,7 +349,7 @@ def test_the_split_s_content_is_the_study_s_identity(tmp_path, names):
     c = resolved_with(tmp_path / "c", {**doc, "test": names[:5] + names[12:14]})
     d = resolved_with(tmp_path / "d", {**doc, "folds": doc["folds"][::-1]})
     plain = resolved_with(tmp_path, None)
-    keys = {protocol_key(x) for x in (a, c, d, plain)}
+    keys = {artifact_key(x.fingerprint()) for x in (a, c, d, plain)}
     assert len(keys) == 4
     # the file's content inline in the study file: the same study
     inline = load_study(write(tmp_path / "inline.yaml", study_doc(split=shuffled)))
@@ -360,7 +362,7 @@ def test_the_split_s_content_is_the_study_s_identity(tmp_path, names):
 def test_a_study_runs_on_exactly_its_split_file_s_classes(tmp_path, monkeypatch, glyphs, names):
     import mlrc.search.baseline as baseline_module
     import mlrc.search.folds as folds_module
-    import mlrc.search.test_stage as test_stage_module
+    import mlrc.search.reproductions as test_stage_module
 
     test_ids = [1, 12, 23, 34, 45, 56, 67, 78]
     folds_ids = [[2, 3, 4, 5], [100, 101, 102]]
@@ -419,7 +421,7 @@ def test_a_study_runs_on_exactly_its_split_file_s_classes(tmp_path, monkeypatch,
     assert isinstance(yaml.safe_load(exported.read_text())["split"], dict)
     again = load_study(exported)
     assert again.split.model_dump() == load_study(study).split.model_dump()
-    assert protocol_of(again) == protocol_of(load_study(study))
+    assert artifact_scope(again.fingerprint()) == artifact_scope(load_study(study).fingerprint())
 
     # the split file changed: the stored study refuses it as another configuration
     write(

@@ -626,13 +626,13 @@ def grouped_url(tmp_path_factory) -> str:
 
 
 def test_protocol_blocks_baseline_rows_and_zero_scored_trials(browser, grouped_url, tmp_path):
-    from mlrc.report.tables import protocol_key
+    from mlrc.report.tables import comparison_key
 
     out = tmp_path / "grouped.html"
     dash("build", "--out", str(out), "--storage", grouped_url)
     charts = load(browser, out.as_uri(), 2)  # the test figure, g1-contrastive's history
     assert severe(browser) == []
-    k1, k2 = protocol_key(_config(1)), protocol_key(_config(2))
+    k1, k2 = comparison_key(_config(1)), comparison_key(_config(2))
     assert k1 != k2
     by_kind = {c["kind"]: c for c in charts}
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from mlrc import store
 from mlrc.cli import app
 from mlrc.config import load_study
-from mlrc.search.context import protocol_of
+from mlrc.config.identity import artifact_scope
 from mlrc.store import TestResult, Trial
 
 runner = CliRunner()
@@ -91,7 +91,9 @@ def test_an_exported_study_re_runs_the_test_stage_to_the_same_numbers(tested):
     exported = load_study(out)
     assert {**exported.fixed} == best.params  # every parameter fixed, nothing to search
     assert exported.space == {}
-    assert protocol_of(exported) == protocol_of(load_study(path))  # same folds, same seeds
+    assert artifact_scope(exported.fingerprint()) == artifact_scope(
+        load_study(path).fingerprint()
+    )  # same folds, same seeds
     new = f"sqlite:///{tmp / 'new.sqlite'}"
     cli("study", "test", out, "--storage", new, "--artifacts", tmp / "art-new", "--quiet")
     assert results(new) == results(url)  # no search ran: the test stage alone, bit for bit

@@ -15,9 +15,10 @@ import yaml
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from mlrc import data, search, store
+from mlrc import data, store
 from mlrc.cli import app
 from mlrc.config import load_preset
+from mlrc.config.identity import code_version, derive_seed
 from mlrc.data.transforms import eval_transform
 from mlrc.methods import losses
 from mlrc.models.trunks import TRUNKS
@@ -111,7 +112,7 @@ def test_an_unchanged_study_on_a_new_store_reuses_its_folds_with_their_provenanc
             a[key].best_epoch,
             a[key].wall_time_s,
         )
-        assert (c[key].device, c[key].code_version) == ("cpu", search.code_version())
+        assert (c[key].device, c[key].code_version) == ("cpu", code_version())
         assert c[key].objective == a[key].objective is not None
 
 
@@ -227,7 +228,7 @@ def test_a_non_finite_trial_is_complete_with_0_and_the_next_suggestion_saw_it(
         o = optuna.create_study(
             direction="maximize",
             sampler=optuna.samplers.TPESampler(
-                seed=search.derive_seed(0, "sampler", 1), n_startup_trials=1
+                seed=derive_seed(0, "sampler", 1), n_startup_trials=1
             ),
         )
         o.add_trial(

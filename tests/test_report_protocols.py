@@ -28,12 +28,12 @@ from scipy import stats
 
 from mlrc import store
 from mlrc.report.tables import (
-    PROTOCOL_EXCLUDED,
+    COMPARISON_EXCLUDED,
     collect,
-    protocol_differences,
-    protocol_key,
-    protocol_of,
+    comparison_key,
+    comparison_scope,
     render,
+    scope_differences,
     summarize,
 )
 from mlrc.store import Baseline, Study, StudyBaseline, TestResult, Trial
@@ -208,7 +208,7 @@ def expected_marks(names: list[str]) -> dict[tuple[str, str, str], dict]:
 # --- the protocol --------------------------------------------------------------------------------
 
 
-def test_protocol_of_leaves_out_methods_and_budgets_only():
+def test_comparison_scope_leaves_out_methods_and_budgets_only():
     a = fingerprint("a", "contrastive", 1)
     b = fingerprint("b", "arcface", 1, trials=50)
     b["study"]["strategy"] = {"name": "metrix", "params": {}}
@@ -222,7 +222,7 @@ def test_protocol_of_leaves_out_methods_and_budgets_only():
     b["preset"]["test"] = {"reproductions": 10}
     b["reproductions"] = 10
     b["pruner"] = "median"
-    assert protocol_key(a) == protocol_key(b) and protocol_of(a) == protocol_of(b)
+    assert comparison_key(a) == comparison_key(b) and comparison_scope(a) == comparison_scope(b)
     for path in ("preset.max_epochs", "study.dataset.root", "study.search.seed", "sampler"):
         c = fingerprint("a", "contrastive", 1)
         *parents, last = path.split(".")
@@ -232,15 +232,17 @@ def test_protocol_of_leaves_out_methods_and_budgets_only():
         node[last] = {"preset.max_epochs": 2, "study.dataset.root": "/data", "sampler": "tpe"}.get(
             path, 7
         )
-        assert protocol_key(c) != protocol_key(a), path
-        assert [d[0] for d in protocol_differences([protocol_of(a), protocol_of(c)])] == [path]
-    assert protocol_of(a) is not a and a["study"]["name"] == "a"  # the input is not changed
-    assert protocol_of(None) == {} and len(protocol_key({})) == 8
+        assert comparison_key(c) != comparison_key(a), path
+        assert [d[0] for d in scope_differences([comparison_scope(a), comparison_scope(c)])] == [
+            path
+        ]
+    assert comparison_scope(a) is not a and a["study"]["name"] == "a"  # the input is not changed
+    assert comparison_scope(None) == {} and len(comparison_key({})) == 8
     for path in ("study.loss", "study.sampler", "space", "trials", "study.overrides"):
-        assert path in PROTOCOL_EXCLUDED
+        assert path in COMPARISON_EXCLUDED
 
 
-def test_protocol_of_real_resolved_studies():
+def test_comparison_scope_real_resolved_studies():
     """Two resolved study files (mlrc.config): another loss, strategy and budget keep the
     protocol; another max_epochs override changes it, and only preset.max_epochs differs."""
     from mlrc.config import StudyConfig, resolve, validate_model
@@ -257,9 +259,9 @@ def test_protocol_of_real_resolved_studies():
         return resolve(validate_model(StudyConfig, doc, "t"), "t").fingerprint()
 
     a, b = resolved("contrastive"), resolved("triplet", trials=3)
-    assert protocol_key(a) == protocol_key(b)
+    assert comparison_key(a) == comparison_key(b)
     c = resolved("contrastive", max_epochs=2)
-    diffs = protocol_differences([protocol_of(a), protocol_of(c)])
+    diffs = scope_differences([comparison_scope(a), comparison_scope(c)])
     assert diffs == [("preset.max_epochs", [1, 2])]
 
 
@@ -270,7 +272,7 @@ def test_two_protocols_two_blocks_marks_within_each(url):
     summary = summary_of(url)
     studies = summary[~summary["baseline"]]
     assert set(studies["study"]) == set(STUDIES)
-    keys = {n: protocol_key(STUDIES[n][3]) for n in STUDIES}
+    keys = {n: comparison_key(STUDIES[n][3]) for n in STUDIES}
     assert keys["e1-contrastive"] == keys["e1-triplet"] == keys["e1-ms"] != keys["e2-arcface"]
     for _, r in studies.iterrows():
         assert r["protocol"] == keys[r["study"]]
@@ -312,7 +314,7 @@ def _md_blocks(md: str) -> dict[str, list[list[str]]]:
 
 def test_markdown_blocks_headers_baseline_first_and_legend(url):
     md = render(summary_of(url), "md")
-    k1, k2 = protocol_key(STUDIES["e1-ms"][3]), protocol_key(STUDIES["e2-arcface"][3])
+    k1, k2 = comparison_key(STUDIES["e1-ms"][3]), comparison_key(STUDIES["e2-arcface"][3])
     tail = " (%, mean ± 95% CI half-width over n reproductions)"
     blocks = _md_blocks(md)
     assert list(blocks) == [  # every study: datasets by name, studies by name
@@ -384,7 +386,7 @@ def test_csv_protocol_columns_baseline_rows_and_nonfinite_counts(url):
     assert not base["best"].any() and not base["best_row"].any()
     cub = base[base["dataset"] == "cub"]
     assert set(cub["loss"]) == {"pretrained"} and set(cub["study"]) == {"Pretrained (bninception)"}
-    assert set(cub["protocol"]) == {protocol_key(STUDIES[n][3]) for n in ("e1-ms", "e2-ntxent")}
+    assert set(cub["protocol"]) == {comparison_key(STUDIES[n][3]) for n in ("e1-ms", "e2-ntxent")}
     p1 = cub[(cub["mode"] == "separated") & (cub["metric"] == "precision_at_1")]
     assert p1["mean"].tolist() == pytest.approx([99.0, 99.0])  # above every study, unmarked
     cars = base[base["dataset"] == "cars_196"]
@@ -429,9 +431,9 @@ def test_html_one_table_per_protocol_with_baseline_first(url):
     page = render(summary_of(url), "html")
     parser = _Tables()
     parser.feed(page)
-    k1, k2 = protocol_key(STUDIES["e1-ms"][3]), protocol_key(STUDIES["e2-arcface"][3])
+    k1, k2 = comparison_key(STUDIES["e1-ms"][3]), comparison_key(STUDIES["e2-arcface"][3])
     assert [(t["attrs"]["data-dataset"], t["attrs"]["data-protocol"]) for t in parser.tables] == [
-        ("cars_196", protocol_key(STUDIES["cars-x"][3])),
+        ("cars_196", comparison_key(STUDIES["cars-x"][3])),
         ("cub", k1),
         ("cub", k2),
     ]
@@ -450,7 +452,7 @@ def test_html_one_table_per_protocol_with_baseline_first(url):
 
 def test_latex_blocks_baseline_and_notes_compile(url, tmp_path):
     tex = render(summary_of(url), "latex", standalone=True)
-    k1 = protocol_key(STUDIES["e1-ms"][3])
+    k1 = comparison_key(STUDIES["e1-ms"][3])
     lines = tex.splitlines()
     head = lines.index(rf"\multicolumn{{8}}{{l}}{{\textit{{cub}} --- protocol {k1}}} \\")
     baseline = lines[head + 1]

@@ -189,12 +189,12 @@ def test_the_stored_neighbours_are_those_of_the_exported_embeddings(tested, tmp_
 
 
 def test_a_failing_view_never_fails_the_reproduction(tested, monkeypatch, caplog):
-    import mlrc.search.test_stage as test_stage
+    import mlrc.search.reproductions as reproductions
 
     def broken(*args, **kwargs):
         raise RuntimeError("no map today\nsecond line")
 
-    monkeypatch.setattr(test_stage, "retrieval_view", broken)
+    monkeypatch.setattr(reproductions, "retrieval_view", broken)
     url, art = tested["searched"], tested["tmp"] / "art-failing"  # retrains from scratch
     with caplog.at_level(logging.WARNING, logger="mlrc"):
         cli("study", "test", tested["path"], "--storage", url, "--artifacts", art, "--quiet")

@@ -534,7 +534,7 @@ def test_study_with_a_training_strategy(tmp_path):
 
 def test_the_sqlite_study_lock_names_its_holder_and_is_released(tmp_path):
     from mlrc.search import StudyError
-    from mlrc.search.context import sqlite_lock
+    from mlrc.search.session import sqlite_lock
 
     engine = create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
     with sqlite_lock(engine, "s"):

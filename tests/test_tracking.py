@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -242,14 +241,11 @@ def test_processes_share_the_study_and_trial_runs(tmp_path, mlflow, monkeypatch)
     run; a pruned trial ends KILLED, one left open when the process closes the study ends
     interrupted."""
     from mlrc.search.folds import FoldJob
-    from mlrc.search.tracking import MlflowTracker
+    from mlrc.search.tracking import MlflowTracker, study_run
     from mlrc.train import EpochRecord
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ctx = SimpleNamespace(
-        resolved=load_study(write_study(tmp_path, "pool")),
-        split=SimpleNamespace(folds=[0, 1, 2, 3]),  # what the study run reads of the split
-    )
+    ctx = study_run(load_study(write_study(tmp_path, "pool")), folds=4)
     a, b = MlflowTracker(uri), MlflowTracker(uri)
     a.start_study(ctx)
     real, looks = MlflowTracker._oldest, []

@@ -43,7 +43,7 @@ from mlrc.terminal import (
 )
 
 if TYPE_CHECKING:
-    from mlrc.search import Context
+    from mlrc.search import StudySession
 
 __all__ = [
     "open_study_file",
@@ -78,10 +78,10 @@ def open_study_file(
     checks: bool = True,
 ):
     """Load the study file, with the budgets and retention given on the command line, and open
-    its study (a context manager yielding the study's :class:`~mlrc.search.Context`) for the
+    its study (a context manager yielding the study's :class:`~mlrc.search.StudySession`) for the
     ``stage`` ("search" or "test") whose budget it records when changed. What the command line
     gives (``--trials``, ``--reproductions``, ``--keep``, ``--threads``) is the study's from then
-    on: a plain rerun keeps it (see :func:`mlrc.search.context.settle`). ``checks``: the
+    on: a plain rerun keeps it (see :func:`mlrc.search.session.settle`). ``checks``: the
     pre-flight first (:func:`preflight`)."""
     from mlrc.config import load_study, with_changes
     from mlrc.search import open_study
@@ -204,7 +204,9 @@ def study_run(
         print_status_by_name(ctx.engine, ctx.name)
 
 
-def _search_on_ray(ctx: Context, address: str | None, scheduler: str, **options: object) -> None:
+def _search_on_ray(
+    ctx: StudySession, address: str | None, scheduler: str, **options: object
+) -> None:
     """The search of an open study as Ray tasks (a local Ray when ``address`` is None)."""
     if address is None:  # a local Ray listens on 127.0.0.1 only (set before import)
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -355,7 +357,7 @@ def study_export(
 
     from mlrc import store
     from mlrc.config import load_study
-    from mlrc.search.context import code_version
+    from mlrc.config.identity import code_version
     from mlrc.search.export import export_study_file
 
     check_out(out, overwrite=force, inputs=(study,))

@@ -10,26 +10,44 @@ resolved configuration; this module holds what it leaves out and how two are com
   reproductions), which may grow or shrink without changing a number;
 - :func:`canonical_json` (equal values, equal strings: what hashes and comparisons use),
   :func:`first_difference` and :func:`identity_change`, the one "same configuration?" test of
-  ``study run``, ``campaign run`` and ``--force-new``.
+  ``study run``, ``campaign run`` and ``--force-new``;
+- the keys derived from it, all through :func:`key_of` (a short hash of the canonical JSON):
+  :func:`params_hash` (a parameter set: 16 hex digits, keys fold runs), :func:`artifact_key`
+  (what a fold computes besides its parameters, :func:`artifact_scope`: 12 hex digits, the
+  ``p-<key>`` level of the artifact folders) and, in :mod:`mlrc.report.scopes`, the report's
+  comparison key (8 hex digits); :func:`derive_seed` (a job's seed) and :func:`code_version`
+  (what computed a result).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
 import json
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from mlrc import __version__
 
 __all__ = [
     "BUDGETS",
     "LATER_FIELDS",
     "RUNTIME_ONLY",
     "AnyOf",
+    "artifact_key",
+    "artifact_scope",
     "canonical_json",
+    "code_version",
+    "derive_seed",
     "drop_speed_and_later_defaults",
     "first_difference",
     "identity",
     "identity_change",
+    "key_of",
+    "params_hash",
 ]
 
 
@@ -156,3 +174,77 @@ def identity_change(stored: dict[str, Any], fingerprint: dict[str, Any]) -> str 
     if canonical_json(old) == canonical_json(new):
         return None
     return first_difference(old, new)
+
+
+# --- keys derived from a configuration -------------------------------------------------------
+
+
+def key_of(obj: Any, digits: int) -> str:
+    """The first ``digits`` hex digits of the SHA-256 of ``obj``'s :func:`canonical_json`:
+    equal for equal values. Every key below (and the report's comparison key) is one."""
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:digits]
+
+
+def params_hash(params: dict[str, Any]) -> str:
+    """16 hex digits identifying a parameter set (fold runs are keyed by it)."""
+    return key_of(params, 16)
+
+
+def artifact_scope(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """What defines a fold's numbers besides its parameters, fold, reproduction and seed, from
+    a study's fingerprint (as stored in ``mlrc_study.config``): the dataset, the
+    loss/miner/strategy/batch sampler *names* (their values are the parameters), the study
+    seed, and the resolved preset without its budgets (``search``, ``test``: trials and
+    reproductions add work, they do not change a fold). The search space, enqueued points, BO
+    sampler and pruner decide which parameters are tried, not what a fold with given parameters
+    computes. A custom split (the study's ``split:``) is part of it too; without one the scope
+    is as before."""
+    study, preset = fingerprint["study"], dict(fingerprint["preset"])
+    for budget in ("search", "test"):
+        preset.pop(budget, None)
+    out = {
+        "dataset": study["dataset"],
+        "loss": study["loss"]["name"],
+        "miner": (study.get("miner") or {}).get("name"),
+        "strategy": (study.get("strategy") or {}).get("name"),
+        "sampler": study["sampler"],
+        "seed": study["search"]["seed"],
+        "preset": preset,
+    }
+    if (
+        fingerprint.get("split") is not None
+    ):  # a custom split (absent from fingerprints without one)
+        out["split"] = fingerprint["split"]
+    return out
+
+
+def artifact_key(fingerprint: dict[str, Any]) -> str:
+    """12 hex digits of :func:`artifact_scope`: the ``p-<key>`` artifact folder level that
+    keeps checkpoints of different configurations apart (a new store never adopts another
+    configuration's folds)."""
+    return key_of(artifact_scope(fingerprint), 12)
+
+
+def derive_seed(*parts: object) -> int:
+    """A 31-bit seed from the study seed and the job's identity (stable across runs)."""
+    return int(hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+
+
+@functools.cache
+def code_version() -> str:
+    """mlrc's version, with the git commit when running from a checkout (``0.1.0+g1a2b3c4``,
+    ``-dirty`` when it has uncommitted changes): recorded with every result it computes."""
+    here = Path(__file__).resolve().parents[2]
+    if not (here / ".git").exists():  # an installed package: its version says it
+        return __version__
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(here), "describe", "--always", "--dirty", "--abbrev=7"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return __version__
+    return f"{__version__}+g{out}" if out else __version__

@@ -6,26 +6,26 @@ studies, :func:`summarize` them (95% intervals, marks within each protocol block
 :mod:`mlrc.report.dashboard`."""
 
 from mlrc.report.tables import (
+    COMPARISON_EXCLUDED,
     FORMATS,
-    PROTOCOL_EXCLUDED,
     ReportError,
     collect,
-    protocol_differences,
-    protocol_key,
-    protocol_of,
+    comparison_key,
+    comparison_scope,
     render,
+    scope_differences,
     select_studies,
     summarize,
 )
 
 __all__ = [
     "FORMATS",
-    "PROTOCOL_EXCLUDED",
+    "COMPARISON_EXCLUDED",
     "ReportError",
     "collect",
-    "protocol_differences",
-    "protocol_key",
-    "protocol_of",
+    "scope_differences",
+    "comparison_key",
+    "comparison_scope",
     "render",
     "select_studies",
     "summarize",

@@ -25,7 +25,7 @@ Per campaign (``--campaign``), or else for every selected study with test result
 (%) with 95% t-interval error bars per loss and dataset, separated (128-D) vs concatenated
 (512-D), from :func:`mlrc.report.tables.collect`/:func:`~mlrc.report.tables.summarize`, and the
 table of all three metrics. As in the report, a dataset whose studies ran under several protocols
-(:func:`mlrc.report.tables.protocol_of`) gets one panel and one table per protocol, and each
+(:func:`mlrc.report.tables.comparison_scope`) gets one panel and one table per protocol, and each
 starts with the untrained baseline ("Pretrained" or "Random init", a single value, crosses in the
 figure) of its studies.
 

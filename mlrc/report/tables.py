@@ -9,11 +9,11 @@ Rows: the studies of the selected campaigns in campaign order (``mlrc_campaign_s
 then the selected ``--study`` names (or, with no selection, every study) by name. Dataset blocks
 follow the order in which their first row appears.
 
-Protocols: a comparison is only fair within one protocol (:func:`protocol_of`: everything in the
+Protocols: a comparison is only fair within one protocol (:func:`comparison_scope`: everything in the
 study's resolved configuration that defines its numbers except the loss, miner, strategy, batch
 sampler, their parameters and the budgets). A dataset whose studies ran under several protocols
 gets one block per protocol (in the order of their first row), headed by the protocol's short
-hash (:func:`protocol_key`) and the fields in which it differs from the dataset's other protocols
+hash (:func:`comparison_key`) and the fields in which it differs from the dataset's other protocols
 (``preset.max_epochs 1``); the legend names them (``preset.max_epochs 1 vs 2``). A dataset with a
 single protocol looks as if there were no protocols. Studies of one protocol whose search budgets
 differ (``trials``) share a block, with a note naming the budgets.
@@ -67,7 +67,7 @@ self-contained page, ``<strong>``, ``<u>``, ``<sup>†</sup>``, no external reso
 but CSV ends with the legend of ± and the marks, and the notes above.
 
 The parts: :mod:`mlrc.report.values` (the selection and :func:`collect`, reading the store
-through :mod:`mlrc.store.reads`), :mod:`mlrc.report.protocols`, :mod:`mlrc.report.summary`
+through :mod:`mlrc.store.reads`), :mod:`mlrc.report.scopes`, :mod:`mlrc.report.summary`
 (intervals and marks), :mod:`mlrc.report.layout` (blocks, rows, cells, notes),
 :mod:`mlrc.report.legend` (its words) and the formats (:mod:`mlrc.report.formats`,
 :mod:`mlrc.report.latex`, :mod:`mlrc.report.table_html`). This module gathers their public names.
@@ -92,12 +92,12 @@ from mlrc.report.legend import (
     TRADITIONAL_TITLE,
     UNTRAINED_NOTE,
 )
-from mlrc.report.protocols import (
+from mlrc.report.scopes import (
+    COMPARISON_EXCLUDED,
     MAX_SHOWN_FIELDS,
-    PROTOCOL_EXCLUDED,
-    protocol_differences,
-    protocol_key,
-    protocol_of,
+    comparison_key,
+    comparison_scope,
+    scope_differences,
 )
 from mlrc.report.summary import ALPHA, TIDY_COLUMNS, summarize, welch_p, with_defaults
 from mlrc.report.values import (
@@ -128,7 +128,7 @@ __all__ = [
     "MODES",
     "MODE_LABELS",
     "NONFINITE_NOTE",
-    "PROTOCOL_EXCLUDED",
+    "COMPARISON_EXCLUDED",
     "PROTOCOL_NOTE",
     "PRUNED_NOTE",
     "SECTION",
@@ -142,9 +142,9 @@ __all__ = [
     "is_nonfinite",
     "is_traditional",
     "latex_escape",
-    "protocol_differences",
-    "protocol_key",
-    "protocol_of",
+    "scope_differences",
+    "comparison_key",
+    "comparison_scope",
     "render",
     "row_label",
     "select_studies",

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from mlrc.config.presets import is_traditional
-from mlrc.report.protocols import (
+from mlrc.report.scopes import (
+    comparison_key,
+    comparison_scope,
     diff_text,
     fields_text,
-    protocol_differences,
-    protocol_key,
-    protocol_of,
+    scope_differences,
 )
 from mlrc.store import METRIC_COLUMNS, NONFINITE, reads
 from mlrc.store.provenance import compute_of
@@ -227,8 +227,10 @@ def _protocol_groups(ordered: list[Study]) -> list[_Group]:
     by_dataset: dict[str, dict[str, _Group]] = {}
     for st in ordered:
         groups = by_dataset.setdefault(st.dataset, {})
-        key = protocol_key(st.config)
-        groups.setdefault(key, _Group(st.dataset, key, protocol_of(st.config))).studies.append(st)
+        key = comparison_key(st.config)
+        groups.setdefault(key, _Group(st.dataset, key, comparison_scope(st.config))).studies.append(
+            st
+        )
     out = []
     for d_rank, groups in enumerate(by_dataset.values()):
         for g_rank, g in enumerate(groups.values()):
@@ -243,7 +245,7 @@ def _word_differences(groups: list[_Group]) -> None:
     """Sets (in place) the differing fields of a dataset's ``groups`` when there are several."""
     if len(groups) < 2:
         return
-    diffs = protocol_differences([g.protocol for g in groups])
+    diffs = scope_differences([g.protocol for g in groups])
     for i, g in enumerate(groups):
         g.fields = fields_text(diffs, i)
         g.diff = diff_text(diffs)
@@ -425,7 +427,7 @@ def collect(
     archived: bool = False,
 ) -> pd.DataFrame:
     """One row per (study, reproduction, mode, metric) with the value in percent, in table
-    order (see :func:`select_studies`), with the study's protocol (:func:`protocol_key`) and
+    order (see :func:`select_studies`), with the study's protocol (:func:`comparison_key`) and
     per-study columns (:data:`META_COLUMNS`). Each (dataset, protocol) block starts with the
     baselines of its studies (``baseline`` True, ``study`` = the baseline's label, ``loss`` =
     its kind, reproduction 0). Studies without test results are left out. A traditional study

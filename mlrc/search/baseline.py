@@ -9,9 +9,10 @@ from typing import Any
 
 from mlrc import store
 from mlrc.config import ResolvedStudy
+from mlrc.config.identity import code_version
 from mlrc.protocol import retrieval_metrics
 from mlrc.protocol.analysis import analysis_metrics, recall_ks
-from mlrc.search.context import Context, code_version
+from mlrc.search.session import StudySession
 from mlrc.store import trials
 from mlrc.train import UNTRAINED_SEED, View, embed, untrained_trunk
 from mlrc.train.setup import eval_inputs
@@ -33,7 +34,7 @@ def baseline_of(r: ResolvedStudy) -> dict[str, Any]:
     }
 
 
-def ensure_baseline(ctx: Context) -> None:
+def ensure_baseline(ctx: StudySession) -> None:
     """The untrained trunk on the test classes (the tables' "Pretrained" row, or "Random init"
     for a trunk trained from scratch), computed once per :func:`baseline_of` key and linked to
     this study. Separated = concatenated = the trunk's own features (L2-normalised by the
@@ -45,7 +46,7 @@ def ensure_baseline(ctx: Context) -> None:
     trials.link_baseline(ctx.engine, ctx.study_id, key)
 
 
-def _compute_baseline(ctx: Context, key: str, config: dict[str, Any]) -> None:
+def _compute_baseline(ctx: StudySession, key: str, config: dict[str, Any]) -> None:
     """Embed the test classes with the untrained trunk, measure and store them under ``key``."""
     r, p = ctx.resolved, ctx.resolved.preset
     kind = "pretrained" if p.pretrained else "random_init"
@@ -57,7 +58,7 @@ def _compute_baseline(ctx: Context, key: str, config: dict[str, Any]) -> None:
     )
     m = retrieval_metrics(emb, labels, device=ctx.device)
     m.pop("num_queries")
-    ks = (1, 2, 4, 8, *recall_ks(r.study.dataset.name))  # as the test rows (test_stage)
+    ks = (1, 2, 4, 8, *recall_ks(r.study.dataset.name))  # as the test rows (reproductions)
     m |= analysis_metrics(emb, labels, seed=r.study.search.seed, ks=ks)
     trials.record_baseline(
         ctx.engine,
@@ -73,7 +74,7 @@ def _compute_baseline(ctx: Context, key: str, config: dict[str, Any]) -> None:
     )
 
 
-def view_of_test_classes(ctx: Context, input_spec: dict) -> View:
+def view_of_test_classes(ctx: StudySession, input_spec: dict) -> View:
     """The test classes, with the preset's evaluation crops for a trunk's ``input_spec``
     (:func:`~mlrc.train.setup.eval_inputs`: computed once under ``decoded_cache``)."""
     p = ctx.resolved.preset

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlrc.config import Preset
-from mlrc.search.context import code_version, fold_folder, params_hash, protocol_key_of
+from mlrc.config.identity import code_version, params_hash
+from mlrc.search.artifacts import artifact_root, fold_folder, study_folder
 from mlrc.search.errors import StudyError
 from mlrc.store import get_study, session, trials
 from mlrc.train import export_model
@@ -59,7 +60,7 @@ def export_study_model(
         test_map = per_fold[folds[0]]
     else:
         test_map = chosen.map_at_r
-    root = artifacts / name / f"p-{protocol_key_of(row.config)}"
+    root = artifact_root(study_folder(artifacts, name), row.config)
     h = params_hash(chosen.params)
     paths = [fold_folder(root, "test", h, reproduction, f) / "best.pt" for f in folds]
     missing = [p for p in paths if not p.is_file()]

@@ -14,17 +14,11 @@ import torch
 
 from mlrc import store
 from mlrc.config import LOSS_LR
+from mlrc.config.identity import artifact_key, code_version, derive_seed, params_hash
 from mlrc.methods import miners, strategies
-from mlrc.search.context import (
-    Context,
-    code_version,
-    derive_seed,
-    fold_dir,
-    params_hash,
-    protocol_key,
-)
 from mlrc.search.errors import StudyError
 from mlrc.search.retention import release_fold
+from mlrc.search.session import StudySession
 from mlrc.store import trials
 from mlrc.train import CheckpointError, EpochRecord, FoldResult, FoldSpec, train_fold
 from mlrc.train.threads import apply_threads, fold_cores, fold_slot
@@ -59,7 +53,7 @@ class FoldJob:
 
 
 def run_fold(
-    ctx: Context,
+    ctx: StudySession,
     kind: str,
     params: dict[str, Any],
     reproduction: int,
@@ -107,7 +101,7 @@ def run_fold(
     return res
 
 
-def stored_result(ctx: Context, job: FoldJob) -> FoldResult | None:
+def stored_result(ctx: StudySession, job: FoldJob) -> FoldResult | None:
     """The stored result of a complete fold run, else None. A test fold's result counts only
     with its checkpoint (the test stage embeds the test set with it): a missing one is logged
     and the fold is trained again; a search fold's stored row is its result (the search never
@@ -135,7 +129,7 @@ def stored_result(ctx: Context, job: FoldJob) -> FoldResult | None:
 
 
 def fold_spec(
-    ctx: Context, job: FoldJob, params: dict[str, Any], seed: int, trial_number: int | None
+    ctx: StudySession, job: FoldJob, params: dict[str, Any], seed: int, trial_number: int | None
 ) -> FoldSpec:
     """What the fold trainer needs: data, the methods and their parameters, preset, seed, and
     the fold's working directory and identity (which its checkpoints record)."""
@@ -162,12 +156,12 @@ def fold_spec(
         loss_lr=params.get(LOSS_LR),
         preset=r.preset,
         seed=seed,
-        workdir=fold_dir(ctx, job.kind, job.params_hash, job.reproduction, job.fold),
+        workdir=ctx.fold_dir(job.kind, job.params_hash, job.reproduction, job.fold),
         device=ctx.device,
         desc=f"{label} · fold {job.fold}",
         progress=ctx.progress,
         identity={
-            "protocol": protocol_key(r),
+            "protocol": artifact_key(r.fingerprint()),
             "params": job.params_hash,
             "kind": job.kind,
             "reproduction": job.reproduction,
@@ -183,7 +177,7 @@ def _prefixed(params: dict[str, Any], prefix: str) -> dict[str, Any]:
     return {k.removeprefix(prefix): v for k, v in params.items() if k.startswith(prefix)}
 
 
-def record_epoch(ctx: Context, fold_run_id: int, rec: EpochRecord, what: str) -> None:
+def record_epoch(ctx: StudySession, fold_run_id: int, rec: EpochRecord, what: str) -> None:
     """Store one validated epoch of the fold run ``fold_run_id``."""
     trials.record_epoch(
         ctx.engine,
@@ -197,7 +191,7 @@ def record_epoch(ctx: Context, fold_run_id: int, rec: EpochRecord, what: str) ->
     )
 
 
-def record_result(ctx: Context, job: FoldJob, res: FoldResult) -> None:
+def record_result(ctx: StudySession, job: FoldJob, res: FoldResult) -> None:
     """Store how the fold run ended, with its best metrics and provenance."""
     best = res.best or {}
     trials.finish_fold(

@@ -17,7 +17,8 @@ import optuna
 from optuna.trial import TrialState
 
 from mlrc import store
-from mlrc.search.context import Context, params_hash
+from mlrc.config.identity import params_hash
+from mlrc.search.session import StudySession
 from mlrc.store import trials
 
 log = logging.getLogger("mlrc")
@@ -57,7 +58,7 @@ class TrialHeartbeat:
         self.thread.join(timeout=5)
 
 
-def heartbeat_storage(ctx: Context, heartbeat_s: int, grace_s: int) -> Any:
+def heartbeat_storage(ctx: StudySession, heartbeat_s: int, grace_s: int) -> Any:
     """Optuna storage whose stale trials (no heartbeat for ``grace_s``) are failed with the
     reason and retried with the same parameters (:func:`_on_stale`)."""
     return store.optuna_storage(
@@ -76,7 +77,7 @@ def fail_stale_trials(ostudy: optuna.Study) -> None:
         optuna.storages.fail_stale_trials(ostudy)
 
 
-def recover_unbeaten(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
+def recover_unbeaten(ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
     """RUNNING trials that never recorded a heartbeat, as interrupted now (and retried when
     their parameters were all drawn). A claim that died between Optuna's ask and its first
     heartbeat (SIGKILL, or a lost connection whose retried claim asked again) leaves such a
@@ -98,7 +99,7 @@ def recover_unbeaten(ctx: Context, ostudy: optuna.Study, storage: Any, study_id:
 
 
 def enqueue_lost_retries(
-    ctx: Context, ostudy: optuna.Study, known: list[optuna.trial.FrozenTrial]
+    ctx: StudySession, ostudy: optuna.Study, known: list[optuna.trial.FrozenTrial]
 ) -> None:
     """Retry the FAIL trials recorded interrupted whose retry was never enqueued: Optuna fails a
     stale trial before its callback (:func:`_on_stale`) enqueues the retry, and a connection
@@ -116,7 +117,9 @@ def enqueue_lost_retries(
             log.warning("trial %d was failed without its retry; retrying its parameters", t.number)
 
 
-def _on_stale(ctx: Context, ostudy: optuna.Study, t: optuna.trial.FrozenTrial, grace: int) -> None:
+def _on_stale(
+    ctx: StudySession, ostudy: optuna.Study, t: optuna.trial.FrozenTrial, grace: int
+) -> None:
     """Optuna failed a RUNNING trial whose worker stopped beating: record why, retry it."""
     reason = f"worker lost: no heartbeat for more than {grace} s"
     _mark_interrupted(ctx, t, reason)
@@ -124,7 +127,7 @@ def _on_stale(ctx: Context, ostudy: optuna.Study, t: optuna.trial.FrozenTrial, g
     log.warning("trial %d: %s; retrying its parameters", t.number, reason)
 
 
-def _mark_interrupted(ctx: Context, t: optuna.trial.FrozenTrial, reason: str) -> None:
+def _mark_interrupted(ctx: StudySession, t: optuna.trial.FrozenTrial, reason: str) -> None:
     """mlrc's row of trial ``t`` as interrupted with ``reason``, and its search folds still
     marked running (by its dead or stopped process) too: they resume from ``last.pt``."""
     params = {**ctx.resolved.fixed, **t.params}
@@ -144,7 +147,9 @@ def _mark_interrupted(ctx: Context, t: optuna.trial.FrozenTrial, reason: str) ->
     )
 
 
-def recover_interrupted(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
+def recover_interrupted(
+    ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int
+) -> None:
     """Trials left RUNNING by a dead process: fail them ("interrupted") and retry their params."""
     for t in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         retry_interrupted(ctx, ostudy, storage, study_id, t)
@@ -152,7 +157,11 @@ def recover_interrupted(ctx: Context, ostudy: optuna.Study, storage: Any, study_
 
 
 def retry_interrupted(
-    ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int, t: optuna.trial.FrozenTrial
+    ctx: StudySession,
+    ostudy: optuna.Study,
+    storage: Any,
+    study_id: int,
+    t: optuna.trial.FrozenTrial,
 ) -> None:
     """Record the RUNNING trial ``t`` as interrupted: retried, not counted. Idempotent, and in an
     order that a kill at any step leaves repairable — mlrc's row, the retry (enqueued once), then
@@ -167,7 +176,7 @@ def retry_interrupted(
     storage.set_trial_state_values(trial_id, TrialState.FAIL)
 
 
-def _retry_params(ctx: Context, t: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
+def _retry_params(ctx: StudySession, t: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
     """What to retry ``t`` with: all its parameters once drawn, else those it was enqueued with,
     else nothing — killed while its parameters were being drawn, it is drawn again by the next
     trial from the same per-position sampler seed (see :func:`mlrc.search.backends.local`)."""

@@ -14,21 +14,22 @@ import numpy as np
 import optuna
 
 from mlrc import store
+from mlrc.config.identity import params_hash
 from mlrc.search import retention
-from mlrc.search.context import Context, params_hash
 from mlrc.search.errors import INTERRUPTED, ending
 from mlrc.search.folds import run_fold
+from mlrc.search.session import StudySession
 from mlrc.store import trials
 from mlrc.train import FoldResult
 
 log = logging.getLogger("mlrc")
 PRUNED = "pruned"  # reasons of pruned trials start with it
 
-FoldRunner = Callable[["Context", dict[str, Any], int], Iterator[tuple[int, FoldResult]]]
+FoldRunner = Callable[["StudySession", dict[str, Any], int], Iterator[tuple[int, FoldResult]]]
 
 
 def sequential_folds(
-    ctx: Context, params: dict[str, Any], number: int
+    ctx: StudySession, params: dict[str, Any], number: int
 ) -> Iterator[tuple[int, FoldResult]]:
     """The folds of trial ``number`` one after another, as (fold index, result)."""
     for fold in ctx.split.folds:
@@ -36,7 +37,7 @@ def sequential_folds(
 
 
 def run_objective(
-    ctx: Context,
+    ctx: StudySession,
     number: int,
     suggested: dict[str, Any],
     on_fold: Callable[[int, float], None] | None = None,
@@ -65,7 +66,7 @@ def run_objective(
 
 
 def _folds_of_trial(
-    ctx: Context,
+    ctx: StudySession,
     number: int,
     params: dict[str, Any],
     on_fold: Callable[[int, float], None] | None,
@@ -99,7 +100,7 @@ def _folds_of_trial(
     return mean, None
 
 
-def end_on_error(ctx: Context, number: int, params: dict[str, Any], e: BaseException) -> str:
+def end_on_error(ctx: StudySession, number: int, params: dict[str, Any], e: BaseException) -> str:
     """Record how trial ``number`` ends on the exception ``e`` (:func:`ending`): its running
     search folds end as interrupted (a signal) or failed with the reason (the one-line error),
     and so does mlrc's row of a failed trial (an interrupted one is recorded with its retry,
@@ -124,7 +125,7 @@ def end_on_error(ctx: Context, number: int, params: dict[str, Any], e: BaseExcep
     return how
 
 
-def _prune(ctx: Context, number: int, k: int, running: float) -> None:
+def _prune(ctx: StudySession, number: int, k: int, running: float) -> None:
     """Record trial ``number`` as pruned after ``k`` folds and raise ``optuna.TrialPruned``."""
     reason = (
         f"{PRUNED} after {k} of {len(ctx.split.folds)} folds: running mean "
@@ -135,7 +136,7 @@ def _prune(ctx: Context, number: int, k: int, running: float) -> None:
 
 
 def finish_trial(
-    ctx: Context,
+    ctx: StudySession,
     number: int,
     state: str,
     value: float | None,
@@ -148,7 +149,7 @@ def finish_trial(
     ctx.tracker.trial_finished(number, state, value, sem, reason)
 
 
-def pruning(ctx: Context, trial: optuna.Trial) -> Callable[[int, float], bool] | None:
+def pruning(ctx: StudySession, trial: optuna.Trial) -> Callable[[int, float], bool] | None:
     """``should_prune(k, running mean)`` for :func:`run_objective`, or None when pruning is off."""
     if ctx.resolved.pruner == "none":
         return None

@@ -10,13 +10,13 @@ from optuna.trial import TrialState
 
 from mlrc import store
 from mlrc.config import ResolvedStudy
-from mlrc.search.context import Context
+from mlrc.search.session import StudySession
 from mlrc.search.space import sampler as make_sampler
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def optuna_study(ctx: Context, storage: Any = None) -> optuna.Study:
+def optuna_study(ctx: StudySession, storage: Any = None) -> optuna.Study:
     """Create or load the study's Optuna study (maximising), seeded sampler and pruner set;
     ``storage``: an Optuna storage to use instead of the URL (e.g. one with heartbeats)."""
     r = ctx.resolved

@@ -12,28 +12,33 @@ pointing at nothing that is still needed. Running folds are never touched."""
 from __future__ import annotations
 
 import logging
-import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlrc import store
-from mlrc.search.context import fold_folder, protocol_key_of
+from mlrc.search.artifacts import (
+    Freed,
+    artifact_root,
+    files_beyond,
+    fold_folder,
+    remove_files,
+    remove_tree,
+    study_folder,
+)
 from mlrc.store import history, trials
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from mlrc.search.context import Context
+    from mlrc.search.session import StudySession
 
 __all__ = [
     "Freed",
     "StudyGc",
     "collect",
     "collect_study",
-    "fold_folder",
     "gc",
     "kept",
     "release_fold",
@@ -42,14 +47,6 @@ __all__ = [
 log = logging.getLogger("mlrc")
 
 EVERYTHING = frozenset({"*"})
-
-
-@dataclass(frozen=True)
-class Freed:
-    """A file that retention removed (or would remove, on a dry run), with its size in bytes."""
-
-    path: Path
-    size: int
 
 
 def kept(keep: str, kind: str, status: str, *, best_trial: bool, tested: bool) -> frozenset[str]:
@@ -67,19 +64,20 @@ def kept(keep: str, kind: str, status: str, *, best_trial: bool, tested: bool) -
     return frozenset()
 
 
-def release_fold(ctx: Context, kind: str, key: dict[str, Any], folder: Path, what: str) -> None:
+def release_fold(
+    ctx: StudySession, kind: str, key: dict[str, Any], folder: Path, what: str
+) -> None:
     """Right after a fold's result is stored: drop what the policy no longer needs (a search
     fold under ``best`` keeps its ``best.pt`` until its trial is known not to be the best)."""
     keep = kept(ctx.resolved.keep, kind, "complete", best_trial=True, tested=False)
     _apply(ctx.engine, key, folder, keep, what, dry_run=False)
 
 
-def collect(ctx: Context) -> list[Freed]:
+def collect(ctx: StudySession) -> list[Freed]:
     """Apply the study's policy to all its finished folds (after a trial or a reproduction)."""
     if ctx.resolved.keep == "all":
         return []
-    root = ctx.artifacts / f"p-{protocol_key_of(ctx.resolved.fingerprint())}"
-    return collect_study(ctx.engine, ctx.study_id, root, ctx.resolved.keep)
+    return collect_study(ctx.engine, ctx.study_id, ctx.artifact_root, ctx.resolved.keep)
 
 
 def collect_study(
@@ -123,37 +121,15 @@ def _apply(
 ) -> list[Freed]:
     """Remove the files of ``folder`` not named in ``keep`` (the row forgets ``best.pt`` first),
     then the folder and its parents up to the kind's folder when they are left empty."""
-    if keep is EVERYTHING or not folder.is_dir():
+    if keep is EVERYTHING:
         return []
-    try:
-        doomed = [f for f in sorted(folder.iterdir()) if f.is_file() and f.name not in keep]
-    except FileNotFoundError:  # another worker's collect removed it a moment ago
-        return []
-    freed = [Freed(f, _size(f)) for f in doomed]
-    if dry_run or not doomed:
+    freed = files_beyond(folder, keep)
+    if dry_run or not freed:
         return freed
-    if any(f.name == "best.pt" for f in doomed):
+    if any(f.path.name == "best.pt" for f in freed):
         trials.forget_checkpoint(engine, key, what)
-    for f in doomed:
-        f.unlink(missing_ok=True)  # another worker may be collecting the same study
-    _prune_empty(folder, levels=3 if key["kind"] == "test" else 2)
+    remove_files(freed, folder, levels=3 if key["kind"] == "test" else 2)
     return freed
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-def _prune_empty(folder: Path, levels: int) -> None:
-    """Remove ``folder`` and up to ``levels - 1`` of its parents while they are empty."""
-    for d in [folder, *folder.parents][:levels]:
-        try:
-            os.rmdir(d)
-        except OSError:  # not empty (or gone): stop here
-            return
 
 
 ARCHIVED = re.compile(r"\.old-\d+$")  # NAME.old-K: a study archived by --force-new
@@ -196,23 +172,14 @@ def gc(
         rows = [r for r in rows if r.name in names]
     out = []
     for row in rows:
-        root = artifacts / row.name / f"p-{protocol_key_of(row.config)}"
+        root = artifact_root(study_folder(artifacts, row.name), row.config)
         if ARCHIVED.search(row.name):
             freed = collect_study(engine, row.id, root, "resume", dry_run)
-            freed += _remove_tree(artifacts / row.name, dry_run, exclude={f.path for f in freed})
+            freed += remove_tree(
+                study_folder(artifacts, row.name), dry_run, {f.path for f in freed}
+            )
             out.append(StudyGc(row.name, "archived", freed))
             continue
         policy = keep or history.last_values(engine, row.id).get("artifacts.keep") or "resume"
         out.append(StudyGc(row.name, policy, collect_study(engine, row.id, root, policy, dry_run)))
     return out
-
-
-def _remove_tree(folder: Path, dry_run: bool, exclude: set[Path]) -> list[Freed]:
-    """Every file under ``folder`` (but ``exclude``), removed with the folder unless a dry run."""
-    if not folder.is_dir():
-        return []
-    freed = [Freed(f, _size(f)) for f in sorted(folder.rglob("*")) if f.is_file()]
-    freed = [f for f in freed if f.path not in exclude]
-    if not dry_run:
-        shutil.rmtree(folder, ignore_errors=True)
-    return freed

@@ -21,15 +21,16 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mlrc.config.identity import canonical_json, code_version, identity, params_hash
 from mlrc.config.schema import TrackingSpec
 from mlrc.errors import first_line
 from mlrc.search.errors import StudyError
 
 if TYPE_CHECKING:
     from mlrc.config import ResolvedStudy
-    from mlrc.search.context import Context
     from mlrc.search.folds import FoldJob
     from mlrc.train import EpochRecord, FoldResult
 
@@ -82,12 +83,55 @@ def with_track(resolved: ResolvedStudy, track: str | None) -> ResolvedStudy:
 # --- the interface ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class StudyRun:
+    """What a tracker logs of the study itself, as plain values (:func:`study_run`): its
+    ``name``, ``tags`` (``mlrc.study``, ``mlrc.key``, dataset, loss, miner, strategy, preset,
+    code version), ``params`` (sampler, pruner, seed, folds, trunk, fixed parameters) and
+    ``budgets`` (``mlrc.trials``, ``mlrc.reproductions``)."""
+
+    name: str
+    tags: dict[str, str]
+    params: dict[str, Any]
+    budgets: dict[str, str]
+
+
+def study_run(r: ResolvedStudy, folds: int) -> StudyRun:
+    """The :class:`StudyRun` of study ``r`` with ``folds`` folds (a split file may set another
+    number than the preset's). ``mlrc.key`` hashes the name and the budget-free fingerprint: a
+    study archived by ``--force-new`` and started afresh gets a new study run."""
+    fingerprint = canonical_json(identity(r.fingerprint()))  # budgets may change
+    key = hashlib.sha256(f"{r.study.name}\0{fingerprint}".encode()).hexdigest()[:16]
+    tags = {
+        "mlrc.study": r.study.name,
+        "mlrc.key": key,
+        "mlrc.dataset": r.study.dataset.name,
+        "mlrc.loss": r.study.loss.name,
+        "mlrc.preset": r.study.preset,
+        "mlrc.code_version": code_version(),
+    }
+    if r.study.miner is not None:
+        tags["mlrc.miner"] = r.study.miner.name
+    if r.study.strategy is not None:
+        tags["mlrc.strategy"] = r.study.strategy.name
+    params = {
+        "sampler": r.sampler,
+        "pruner": r.pruner,
+        "seed": r.study.search.seed,
+        "folds": folds,
+        "trunk": r.preset.trunk,
+        **{f"fixed.{k}": v for k, v in r.fixed.items()},
+    }
+    budgets = {"mlrc.trials": str(r.trials), "mlrc.reproductions": str(r.reproductions)}
+    return StudyRun(r.study.name, tags, params, budgets)
+
+
 class Tracker:
     """Where a study's progress is also logged. The base class logs nothing (no tracking);
     every hook is best-effort and never raises."""
 
-    def start_study(self, ctx: Context) -> None:
-        """The study was opened by this process (``ctx``: its context)."""
+    def start_study(self, study: StudyRun) -> None:
+        """The study was opened by this process."""
 
     def trial_started(self, number: int, params: Mapping[str, Any]) -> None:
         """Trial ``number`` starts with ``params`` (fixed and suggested)."""
@@ -128,9 +172,9 @@ class _Both(Tracker):
     def __init__(self, trackers: list[Tracker]) -> None:
         self.trackers = trackers
 
-    def start_study(self, ctx: Context) -> None:
+    def start_study(self, study: StudyRun) -> None:
         for t in self.trackers:
-            t.start_study(ctx)
+            t.start_study(study)
 
     def trial_started(self, number: int, params: Mapping[str, Any]) -> None:
         for t in self.trackers:
@@ -157,10 +201,9 @@ class _Both(Tracker):
             t.close()
 
 
-def open_tracker(ctx: Context) -> Tracker:
-    """The tracker of ``ctx``'s study file (``tracking:``, or what ``--track`` put there),
-    started; :class:`NullTracker` when it has none."""
-    spec = ctx.resolved.study.tracking
+def open_tracker(spec: TrackingSpec | None, study: StudyRun) -> Tracker:
+    """The tracker of a study file's ``tracking:`` (or what ``--track`` put there), started on
+    ``study``; :class:`NullTracker` when ``spec`` is None."""
     check_available(spec, "tracking")
     made: list[Tracker] = []
     if spec is not None and spec.mlflow:
@@ -168,7 +211,7 @@ def open_tracker(ctx: Context) -> Tracker:
     if spec is not None and spec.wandb:
         made.append(WandbTracker(spec.wandb))
     tracker = made[0] if len(made) == 1 else _Both(made) if made else NullTracker()
-    tracker.start_study(ctx)
+    tracker.start_study(study)
     return tracker
 
 
@@ -194,32 +237,6 @@ def _redact(uri: str) -> str:
     return re.sub(r"//[^/@]*@", "//***@", uri)
 
 
-def _study_tags(ctx: Context) -> dict[str, str]:
-    """What identifies and describes the study on a run: its name, a hash of its fingerprint
-    (a study archived by --force-new and started afresh gets a new study run), dataset, loss,
-    miner, strategy, preset and the code version."""
-    from mlrc import store
-    from mlrc.config import identity
-    from mlrc.search.context import code_version
-
-    r = ctx.resolved
-    fingerprint = store.canonical_json(identity(r.fingerprint()))  # budgets may change
-    key = hashlib.sha256(f"{r.study.name}\0{fingerprint}".encode()).hexdigest()[:16]
-    tags = {
-        "mlrc.study": r.study.name,
-        "mlrc.key": key,
-        "mlrc.dataset": r.study.dataset.name,
-        "mlrc.loss": r.study.loss.name,
-        "mlrc.preset": r.study.preset,
-        "mlrc.code_version": code_version(),
-    }
-    if r.study.miner is not None:
-        tags["mlrc.miner"] = r.study.miner.name
-    if r.study.strategy is not None:
-        tags["mlrc.strategy"] = r.study.strategy.name
-    return tags
-
-
 _Key = tuple[str, int, str]  # a tracked run: ("trial", number, "") | ("reproduction", n, hash)
 
 
@@ -231,8 +248,6 @@ def _run_key(job: FoldJob, trial_number: int | None) -> _Key | None:
 
 
 def _hash(params: Mapping[str, Any]) -> str:
-    from mlrc.search.context import params_hash
-
     return params_hash(dict(params))
 
 
@@ -329,19 +344,12 @@ class MlflowTracker(_BestEffort):
 
     # the hooks
 
-    def start_study(self, ctx: Context) -> None:
-        self.tags = _study_tags(ctx)
-        r = ctx.resolved
-        budgets = {"mlrc.trials": str(r.trials), "mlrc.reproductions": str(r.reproductions)}
-        params = {
-            "sampler": r.sampler,
-            "pruner": r.pruner,
-            "seed": r.study.search.seed,
-            "folds": len(ctx.split.folds),  # a split file may set another number
-            "trunk": r.preset.trunk,
-            **{f"fixed.{k}": v for k, v in r.fixed.items()},
-        }
-        self._call("opening the study run", lambda: self._start(r.study.name, params, budgets))
+    def start_study(self, study: StudyRun) -> None:
+        self.tags = dict(study.tags)
+        self._call(
+            "opening the study run",
+            lambda: self._start(study.name, study.params, study.budgets),
+        )
 
     def trial_started(self, number: int, params: Mapping[str, Any]) -> None:
         self._call(f"starting trial {number}", lambda: self._run(("trial", number, ""), params))
@@ -532,8 +540,8 @@ class WandbTracker(_BestEffort):
         self.tags: dict[str, str] = {}
         self.runs: dict[_Key, Any] = {}
 
-    def start_study(self, ctx: Context) -> None:
-        self.tags = _study_tags(ctx)
+    def start_study(self, study: StudyRun) -> None:
+        self.tags = dict(study.tags)
 
     def _run(self, key: _Key, params: Mapping[str, Any] | None = None) -> Any:
         if key not in self.runs:

@@ -60,7 +60,7 @@ class Study(Base):
     # what may change without changing an identity, as it stands now (schema 6; NULL: a study
     # from before): ``threads`` (torch intra-op threads of every fold), ``artifacts.keep``, and
     # ``file``: the budgets and retention its study file gave when last read (a flag's value
-    # stays the study's until the file itself changes); see mlrc.search.context
+    # stays the study's until the file itself changes); see mlrc.search.session
     settings: Mapped[dict | None] = mapped_column(JSON)
 
 

@@ -7,7 +7,7 @@ what was being done ("starting trial 3", ...)."""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,10 +111,13 @@ def ensure_study(
         return row.id, row.config
 
 
-def archive_study(engine: Engine, name: str, artifacts: Path) -> str:
-    """Rename a stored study, its Optuna study and its artifact directory
-    (``artifacts/NAME``) to ``NAME.old-K`` (the first free K) and point its checkpoint paths
-    there; nothing is deleted. Returns the new name."""
+def archive_study(
+    engine: Engine, name: str, artifacts: Path, move: Callable[[Path, Path], None]
+) -> str:
+    """Rename a stored study and its Optuna study to ``NAME.old-K`` (the first free K) and point
+    its checkpoint paths from ``artifacts/NAME`` to ``artifacts/NAME.old-K``; ``move(src, dst)``
+    (the caller's: the files are not the store's) moves that folder last, inside the
+    transaction, so a failure before it rolls the rows back. Returns the new name."""
     with advisory_lock(engine, "mlrc-register"), session(engine) as s:
         taken = set(s.scalars(select(Study.name).where(Study.name.like(f"{name}.old-%"))))
         new = next(f"{name}.old-{k}" for k in range(1, 10_000) if f"{name}.old-{k}" not in taken)
@@ -133,7 +136,7 @@ def archive_study(engine: Engine, name: str, artifacts: Path) -> str:
                 .values(checkpoint=func.replace(FoldRun.checkpoint, f"{src}/", f"{dst}/"))
             )
             s.flush()
-            os.replace(src, dst)  # last: a failure before it rolls the rows back
+            move(src, dst)  # last: a failure before it rolls the rows back
     return new
 
 

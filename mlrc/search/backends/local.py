@@ -22,7 +22,7 @@ import optuna
 from optuna.trial import TrialState
 
 from mlrc import store
-from mlrc.search.context import Context, derive_seed
+from mlrc.config.identity import derive_seed
 from mlrc.search.errors import INTERRUPTED, Interrupted, ending
 from mlrc.search.heartbeat import (
     HEARTBEAT_S,
@@ -36,6 +36,7 @@ from mlrc.search.heartbeat import (
 )
 from mlrc.search.objective import PRUNED, finish_trial, pruning, run_objective
 from mlrc.search.optuna_setup import counts, optuna_study
+from mlrc.search.session import StudySession
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
 
@@ -50,7 +51,10 @@ class _Claim:
 
 
 def run_search(
-    ctx: Context, heartbeat_s: int = HEARTBEAT_S, grace_s: int | None = None, poll_s: float = 5.0
+    ctx: StudySession,
+    heartbeat_s: int = HEARTBEAT_S,
+    grace_s: int | None = None,
+    poll_s: float = 5.0,
 ) -> optuna.Study:
     """Run trials until ``trials`` of them have finished (complete or failed with a reason).
 
@@ -90,7 +94,7 @@ def run_search(
         _tell(ctx, ostudy, claim, value, reason)
 
 
-def _prepare(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
+def _prepare(ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
     """Under the study's lock: recover interrupted trials (SQLite), enqueue the study file's
     points (once)."""
     with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
@@ -101,7 +105,9 @@ def _prepare(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) ->
             ostudy.set_user_attr("enqueued", True)
 
 
-def _claim(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> _Claim | str | None:
+def _claim(
+    ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int
+) -> _Claim | str | None:
     """Under the study's lock: fail stale trials, then ask for the next trial if the budget
     allows it (``None``: the search is done, ``"wait"``: all remaining slots are running)."""
     with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
@@ -131,7 +137,7 @@ def _claim(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> _
 
 
 def _tell(
-    ctx: Context, ostudy: optuna.Study, claim: _Claim, value: float | None, reason: str | None
+    ctx: StudySession, ostudy: optuna.Study, claim: _Claim, value: float | None, reason: str | None
 ) -> None:
     def tell() -> None:
         if value is not None:  # a reason beside a value: scored 0 for a non-finite loss
@@ -172,7 +178,7 @@ def _enqueue_once(ostudy: optuna.Study, enqueue: list[dict[str, Any]]) -> None:
 
 @contextmanager
 def _recorded_on_exit(
-    ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim
+    ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim
 ) -> Iterator[None]:
     """A trial that raises is told to Optuna at once, by the one rule (:func:`ending`; mlrc's
     row and folds are recorded by :func:`~mlrc.search.objective.run_objective`): stopped by
@@ -194,7 +200,7 @@ def _recorded_on_exit(
 
 
 def _record_interrupt(
-    ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim
+    ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim
 ) -> None:
     """The claimed trial, if still RUNNING, as interrupted now (a failure here is only logged)."""
     try:
@@ -211,7 +217,7 @@ def _record_interrupt(
 
 
 def _record_failure(
-    ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim, reason: str
+    ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim, reason: str
 ) -> None:
     """The claimed trial, if still RUNNING, told to Optuna as FAIL with ``reason`` (a failure
     here is only logged: left RUNNING, the next run recovers it as interrupted)."""

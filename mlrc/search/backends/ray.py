@@ -26,7 +26,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from mlrc import store
 from mlrc.config import ResolvedStudy
-from mlrc.search.context import Context, build_context, params_hash
+from mlrc.config.identity import params_hash
 from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending, failure_reason
 from mlrc.search.folds import run_fold
 from mlrc.search.heartbeat import (
@@ -39,6 +39,7 @@ from mlrc.search.heartbeat import (
 )
 from mlrc.search.objective import run_objective, sequential_folds
 from mlrc.search.optuna_setup import finished, optuna_study
+from mlrc.search.session import StudySession, build_session
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
 from mlrc.store import trials
@@ -62,11 +63,11 @@ class Job:
     gpus_per_fold: float
     heartbeat_s: int
 
-    def context(self) -> Context:
+    def context(self) -> StudySession:
         """Built once per Ray process (actors are reused across trials): dataset loaded once."""
         key = (self.resolved.study.name, self.url, self.artifacts, self.device)
         if key not in _CONTEXTS:
-            _CONTEXTS[key] = build_context(  # the driver recorded any change of budget
+            _CONTEXTS[key] = build_session(  # the driver recorded any change of budget
                 self.resolved,
                 self.url,
                 self.artifacts,
@@ -77,7 +78,7 @@ class Job:
         return _CONTEXTS[key]
 
 
-_CONTEXTS: dict[tuple, Context] = {}
+_CONTEXTS: dict[tuple, StudySession] = {}
 
 
 @functools.cache
@@ -175,7 +176,7 @@ def _parallel_folds(job: Job):
     import ray
 
     def folds(
-        ctx: Context, params: dict[str, Any], number: int
+        ctx: StudySession, params: dict[str, Any], number: int
     ) -> Iterator[tuple[int, FoldResult]]:
         task = ray.remote(_fold_task).options(
             num_cpus=job.cpus_per_fold, num_gpus=job.gpus_per_fold, max_retries=0
@@ -211,7 +212,7 @@ def scheduler_named(name: str, n_folds: int) -> Any:
 
 
 def run_search_ray(
-    ctx: Context,
+    ctx: StudySession,
     address: str | None = None,
     max_concurrent: int = 1,
     cpus_per_trial: float = 1.0,
@@ -258,7 +259,9 @@ def run_search_ray(
     return ostudy
 
 
-def _interrupted(ctx: Context, ostudy: optuna.Study, storage: Any, study_id: int) -> Interrupted:
+def _interrupted(
+    ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int
+) -> Interrupted:
     """After Ctrl-C or SIGTERM stopped Tune (its trials' processes are gone with this driver's
     Ray session): the Ray trials of the study still RUNNING, with mlrc's row running, are
     recorded as interrupted now — retried, not counted — as the local backend does; the
@@ -292,7 +295,7 @@ def _resources(job: Job, n_folds: int, cpus_per_trial: float, gpus_per_trial: fl
 
 
 def _tuner(
-    ctx: Context,
+    ctx: StudySession,
     job: Job,
     storage: Any,
     scheduler: Any,
@@ -320,7 +323,7 @@ def _tuner(
     )
 
 
-def _fit(ctx: Context, address: str | None, tuner: Callable[[], Any]) -> Any:
+def _fit(ctx: StudySession, address: str | None, tuner: Callable[[], Any]) -> Any:
     """Run the tuner made by ``tuner()`` on Ray (started here, and shut down after,
     unless this process already joined one); returns Tune's results."""
     import ray
@@ -343,7 +346,7 @@ def _fit(ctx: Context, address: str | None, tuner: Callable[[], Any]) -> Any:
             ray.shutdown()
 
 
-def _fail_stale(ctx: Context, grace: int, heartbeat_s: int) -> None:
+def _fail_stale(ctx: StudySession, grace: int, heartbeat_s: int) -> None:
     """On a shared database: trials of a dead driver or pool worker (no heartbeat for
     ``grace`` seconds) are failed and their parameters retried."""
     storage = heartbeat_storage(ctx, heartbeat_s, grace)
@@ -353,7 +356,7 @@ def _fail_stale(ctx: Context, grace: int, heartbeat_s: int) -> None:
     fail_stale_trials(ostudy)
 
 
-def _record_outcomes(ctx: Context, ostudy: optuna.Study, results: Any, n_folds: int) -> None:
+def _record_outcomes(ctx: StudySession, ostudy: optuna.Study, results: Any, n_folds: int) -> None:
     """Mirror what Ray decided into mlrc's trial table, by the one rule (:func:`ending`):
     PRUNED trials; a trial that failed before its folds began (mlrc has no row of it: its
     context could not be built, no CUDA device, …) as failed with Ray's error line; a trial
@@ -388,7 +391,7 @@ def _error_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[-1][:500]
 
 
-def _record(ctx: Context, t: optuna.trial.FrozenTrial, state: str, reason: str) -> None:
+def _record(ctx: StudySession, t: optuna.trial.FrozenTrial, state: str, reason: str) -> None:
     params = {**ctx.resolved.fixed, **t.params}
     if state == INTERRUPTED:  # its running folds resume from last.pt
         trials.end_running_folds(

@@ -1,11 +1,10 @@
-"""Opening a study: connect, register (or check) it, lock it on SQLite, load its dataset and
-split into a :class:`Context`; and the identities derived from it (parameter hashes, seeds, the
-protocol key and the artifact folders)."""
+"""A study session: a study opened by this process — connected, registered (or checked against
+the store), locked on SQLite, its dataset and split loaded — as one :class:`StudySession` that
+the search, the test stage and the backends work through. What makes two studies "the same"
+is :mod:`mlrc.config.identity`'s; where their files live is :mod:`mlrc.search.artifacts`'s."""
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -27,11 +26,19 @@ from mlrc.config import (
     identity_change,
     with_settings,
 )
+from mlrc.config.identity import code_version
 from mlrc.config.splits import build_split
 from mlrc.data.base import ImageDataset
 from mlrc.protocol.splits import Split
+from mlrc.search.artifacts import (
+    archive_study,
+    artifact_root,
+    fold_folder,
+    study_folder,
+)
 from mlrc.search.errors import StudyError
-from mlrc.search.tracking import Tracker, open_tracker
+from mlrc.search.retention import collect_study
+from mlrc.search.tracking import Tracker, open_tracker, study_run
 from mlrc.store import history, trials
 from mlrc.train import threads as cpu
 
@@ -42,8 +49,10 @@ log = logging.getLogger("mlrc")
 
 
 @dataclass
-class Context:
-    """Everything a running study needs, built once."""
+class StudySession:
+    """A study opened by this process: everything its search, test stage and backends need,
+    built once (:func:`open_study`, :func:`build_session`). ``artifacts``: the study's folder
+    (:func:`~mlrc.search.artifacts.study_folder`)."""
 
     resolved: ResolvedStudy
     url: str
@@ -62,96 +71,14 @@ class Context:
         """The study's name (also its Optuna study's)."""
         return self.resolved.study.name
 
+    @property
+    def artifact_root(self) -> Path:
+        """``<study folder>/p-<artifact key>``: this configuration's folds."""
+        return artifact_root(self.artifacts, self.resolved.fingerprint())
 
-# --- identities --------------------------------------------------------------------------------
-
-
-def params_hash(params: dict[str, Any]) -> str:
-    """16 hex digits identifying a parameter set (fold runs are keyed by it)."""
-    return hashlib.sha256(store.canonical_json(params).encode()).hexdigest()[:16]
-
-
-def protocol_of(r: ResolvedStudy) -> dict[str, Any]:
-    """What defines a fold's numbers besides its parameters, fold, reproduction and seed: the
-    dataset, the loss/miner/strategy/batch sampler *names* (their values are the parameters),
-    the study seed, and the resolved preset without its budgets (``search``, ``test``: trials
-    and reproductions add work, they do not change a fold) and without the runtime-only fields
-    (speed, not numbers). The search space, enqueued points, BO sampler and pruner decide which
-    parameters are tried, not what a fold with given parameters computes. A custom split
-    (the study's ``split:``) is part of it too; without one the key is as before."""
-    return protocol_of_fingerprint(r.fingerprint())
-
-
-def protocol_of_fingerprint(fp: dict[str, Any]) -> dict[str, Any]:
-    """:func:`protocol_of` from a study's fingerprint (as stored in ``mlrc_study.config``)."""
-    study, preset = fp["study"], dict(fp["preset"])
-    for budget in ("search", "test"):
-        preset.pop(budget, None)
-    out = {
-        "dataset": study["dataset"],
-        "loss": study["loss"]["name"],
-        "miner": (study.get("miner") or {}).get("name"),
-        "strategy": (study.get("strategy") or {}).get("name"),
-        "sampler": study["sampler"],
-        "seed": study["search"]["seed"],
-        "preset": preset,
-    }
-    if fp.get("split") is not None:  # a custom split (absent from fingerprints without one)
-        out["split"] = fp["split"]
-    return out
-
-
-def protocol_key(r: ResolvedStudy) -> str:
-    """A short hash of :func:`protocol_of`: the artifact folder level that keeps checkpoints of
-    different configurations apart (a new store never adopts another configuration's folds)."""
-    return protocol_key_of(r.fingerprint())
-
-
-def protocol_key_of(fingerprint: dict[str, Any]) -> str:
-    """:func:`protocol_key` of a stored configuration (``mlrc_study.config``)."""
-    text = store.canonical_json(protocol_of_fingerprint(fingerprint))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def fold_dir(ctx: Context, kind: str, h: str, reproduction: int, fold: int) -> Path:
-    """``<artifacts>/<study>/p-<protocol key>/<kind>/<params hash>/[rep<N>/]fold<k>``."""
-    return fold_folder(
-        ctx.artifacts / f"p-{protocol_key(ctx.resolved)}", kind, h, reproduction, fold
-    )
-
-
-def fold_folder(root: Path, kind: str, params_hash: str, reproduction: int, fold: int) -> Path:
-    """``<root>/<kind>/<params hash>/[rep<N>/]fold<k>`` (root: a study's ``p-<protocol key>``
-    folder)."""
-    rep = f"rep{reproduction}" if kind == "test" else ""
-    return root / kind / params_hash / rep / f"fold{fold}"
-
-
-@functools.cache
-def code_version() -> str:
-    """mlrc's version, with the git commit when running from a checkout (``0.1.0+g1a2b3c4``,
-    ``-dirty`` when it has uncommitted changes): recorded with every result it computes."""
-    import subprocess
-
-    here = Path(__file__).resolve().parents[2]
-    if not (here / ".git").exists():  # an installed package: its version says it
-        return __version__
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(here), "describe", "--always", "--dirty", "--abbrev=7"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return __version__
-    return f"{__version__}+g{out}" if out else __version__
-
-
-def derive_seed(*parts: object) -> int:
-    """A 31-bit seed from the study seed and the job's identity (stable across runs)."""
-    return int(hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+    def fold_dir(self, kind: str, params_hash: str, reproduction: int, fold: int) -> Path:
+        """A fold's folder: ``<artifact root>/<kind>/<params hash>/[rep<N>/]fold<k>``."""
+        return fold_folder(self.artifact_root, kind, params_hash, reproduction, fold)
 
 
 # --- opening a study ---------------------------------------------------------------------------
@@ -167,7 +94,7 @@ def open_study(
     force_new: bool = False,
     budgets_used: Iterable[str] = BUDGETS,
     threads: int | None = None,
-) -> Iterator[Context]:
+) -> Iterator[StudySession]:
     """Connect, register (or check) the study, load the dataset; hold a lock for SQLite.
     ``force_new``: a stored study of the same name with another configuration is archived
     (:func:`archive_study`) and this one starts afresh; otherwise that is refused. ``threads``:
@@ -179,7 +106,7 @@ def open_study(
             if old is not None and identity_change(old, resolved.fingerprint()) is not None:
                 new_name = archive_study(engine, resolved.study.name, Path(artifacts))
                 log.warning("the stored study %r was archived as %r", resolved.study.name, new_name)
-        ctx = build_context(
+        ctx = build_session(
             resolved, url, artifacts, device, progress, engine, budgets_used, threads
         )
         for warning in data.check_dataset(ctx.dataset, ctx.split.trainval_classes):
@@ -190,7 +117,7 @@ def open_study(
             ctx.tracker.close()  # tracked runs this process left open: interrupted
 
 
-def build_context(
+def build_session(
     resolved: ResolvedStudy,
     url: str,
     artifacts: str | Path,
@@ -199,9 +126,9 @@ def build_context(
     engine: Engine | None = None,
     budgets_used: Iterable[str] = BUDGETS,
     threads: int | None = None,
-) -> Context:
+) -> StudySession:
     """Register (or check) the study and load its dataset and split, without any lock (for a
-    process that works for a study someone else holds: a Ray trial or fold task). The context
+    process that works for a study someone else holds: a Ray trial or fold task). The session
     works to the study's settings as stored (:func:`register_study`)."""
     engine = engine or store.connect(url)
     ds = data.build(
@@ -210,15 +137,14 @@ def build_context(
         **resolved.study.dataset.params,
     )
     split = split_of(resolved, ds)  # before registering: a bad split file stores nothing
-    study_id, settings = _register(
-        engine, resolved, budgets_used, threads, Path(artifacts) / resolved.study.name
-    )
+    folder = study_folder(Path(artifacts), resolved.study.name)
+    study_id, settings = _register(engine, resolved, budgets_used, threads, folder)
     resolved = with_settings(resolved, settings)
-    ctx = Context(
+    ctx = StudySession(
         resolved,
         url,
         engine,
-        Path(artifacts) / resolved.study.name,
+        folder,
         device,
         ds,
         split,
@@ -227,7 +153,8 @@ def build_context(
         threads=settings["threads"],
     )
     cpu.apply_threads(ctx.threads)  # the study's, for all it computes (folds set it again)
-    ctx.tracker = open_tracker(ctx)  # this process's handle on the study's tracked runs
+    # this process's handle on the study's tracked runs
+    ctx.tracker = open_tracker(resolved.study.tracking, study_run(resolved, len(split.folds)))
     return ctx
 
 
@@ -290,7 +217,7 @@ def register_study(
     resolves to, ``threads`` or this process's ``--threads`` or
     :func:`~mlrc.train.threads.study_threads`); a stored study of the same name with another
     configuration is a :class:`StudyError` naming the first difference. A stored study's settings change as :func:`settle` says, recorded in its
-    history (its retention only where its artifacts are known: :func:`build_context`)."""
+    history (its retention only where its artifacts are known: :func:`build_session`)."""
     return _register(engine, resolved, budgets_used, threads, None)[0]
 
 
@@ -408,14 +335,12 @@ def _check_retention(
     """Lowering a study's retention deletes the checkpoints it kept: only on the command line
     (``--keep``), which logs what it deletes; a study file that lowers it while such files
     exist is a :class:`StudyError` saying what they are and how to go on."""
-    from mlrc.search.retention import collect_study
-
     config, settings, last = history.stored_settings(engine, study_id)
     changes, _, _ = settle(config, settings, last, resolved, fields, threads)
     for field, old, new in changes:
         if field != "artifacts.keep" or KEEP_ORDER.index(new) >= KEEP_ORDER.index(old):
             continue
-        root = artifacts / f"p-{protocol_key_of(config)}"
+        root = artifact_root(artifacts, config)
         doomed = collect_study(engine, study_id, root, new, dry_run=True)
         if not doomed:
             return
@@ -430,9 +355,3 @@ def _check_retention(
             f"(or delete them first: mlrc gc --study {name} --keep {new}); to keep them, set "
             f"artifacts.keep: {old} in the file"
         )
-
-
-def archive_study(engine: Engine, name: str, artifacts: Path) -> str:
-    """Rename a stored study, its Optuna study and its artifact directory to ``NAME.old-K``
-    (the first free K) and point its checkpoint paths there; nothing is deleted."""
-    return trials.archive_study(engine, name, artifacts)

@@ -1,37 +1,37 @@
-"""Protocols: which studies a table may compare (see :mod:`mlrc.report.tables`).
+"""Comparison scopes: which studies a table may compare (see :mod:`mlrc.report.tables`).
 
-A comparison is only fair within one protocol (:func:`protocol_of`): everything in a study's
+A comparison is only fair within one protocol — its *comparison scope*
+(:func:`comparison_scope`): everything in a study's
 resolved configuration that defines its numbers except the methods compared and the budgets.
-:func:`protocol_key` is its short hash; :func:`protocol_differences` names the fields in which
+:func:`comparison_key` is its short hash; :func:`scope_differences` names the fields in which
 a dataset's protocols differ, and :func:`fields_text` / :func:`diff_text` word them for a
 block's header and the legend."""
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from typing import Any
 
+from mlrc.config.identity import canonical_json, key_of
 from mlrc.report.legend import DDAGGER
-from mlrc.store import canonical_json
 
 __all__ = [
     "MAX_SHOWN_FIELDS",
-    "PROTOCOL_EXCLUDED",
+    "COMPARISON_EXCLUDED",
     "diff_text",
     "fields_text",
-    "protocol_differences",
-    "protocol_key",
-    "protocol_of",
+    "scope_differences",
+    "comparison_key",
+    "comparison_scope",
 ]
 
 MAX_SHOWN_FIELDS = 4  # a protocol's header names at most this many differing fields
 
 _BUDGET = "a budget: a different one within a protocol gets a note, not a block of its own"
 # Paths (dot-separated) of ``mlrc_study.config`` (``ResolvedStudy.fingerprint()``) left out of a
-# study's protocol, with the reason. See :func:`protocol_of`.
-PROTOCOL_EXCLUDED: dict[str, str] = {
+# study's protocol, with the reason. See :func:`comparison_scope`.
+COMPARISON_EXCLUDED: dict[str, str] = {
     "study.name": "the study's name, a label",
     "study.loss": "the method the table compares, with its fixed parameters and search space",
     "study.miner": "a method compared like the loss",
@@ -61,11 +61,11 @@ PROTOCOL_EXCLUDED: dict[str, str] = {
 }
 
 
-def protocol_of(config: dict | None) -> dict:
+def comparison_scope(config: dict | None) -> dict:
     """The protocol of a study: its resolved configuration (``mlrc_study.config``, the study's
     ``ResolvedStudy.fingerprint()``) without what a comparison table compares or counts.
 
-    Left out (:data:`PROTOCOL_EXCLUDED`):
+    Left out (:data:`COMPARISON_EXCLUDED`):
 
     * the study's name (``study.name``), a label;
     * the methods compared: ``study.loss``, ``study.miner``, ``study.strategy``, and
@@ -87,7 +87,7 @@ def protocol_of(config: dict | None) -> dict:
     the BO sampler (``sampler``), and any field a later mlrc adds. A non-dict config (stores
     that hold none) has the empty protocol."""
     out = copy.deepcopy(config) if isinstance(config, dict) else {}
-    for path in PROTOCOL_EXCLUDED:
+    for path in COMPARISON_EXCLUDED:
         *parents, last = path.split(".")
         node: Any = out
         for p in parents:
@@ -97,10 +97,10 @@ def protocol_of(config: dict | None) -> dict:
     return out
 
 
-def protocol_key(config: dict | None) -> str:
-    """Short hash (8 hex digits) of :func:`protocol_of` ``(config)``: equal for two studies
+def comparison_key(config: dict | None) -> str:
+    """Short hash (8 hex digits) of :func:`comparison_scope` ``(config)``: equal for two studies
     exactly when their protocols are equal."""
-    return hashlib.sha256(canonical_json(protocol_of(config)).encode()).hexdigest()[:8]
+    return key_of(comparison_scope(config), 8)
 
 
 _UNSET = object()
@@ -115,7 +115,7 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def protocol_differences(protocols: list[dict]) -> list[tuple[str, list[Any]]]:
+def scope_differences(protocols: list[dict]) -> list[tuple[str, list[Any]]]:
     """The dot-separated fields whose values are not the same in all ``protocols``, each with
     its value per protocol (``"unset"`` where a protocol lacks it), in first-seen order."""
     flat = [_flatten(p) for p in protocols]

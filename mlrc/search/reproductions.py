@@ -24,15 +24,16 @@ import optuna
 from optuna.trial import TrialState
 
 from mlrc import store
+from mlrc.config.identity import code_version, derive_seed, params_hash
 from mlrc.errors import first_line
 from mlrc.protocol import concatenate_embeddings, retrieval_metrics
 from mlrc.protocol.analysis import analysis_metrics, metrix_utilization, recall_ks
 from mlrc.protocol.retrieval import retrieval_view
 from mlrc.search import retention
 from mlrc.search.baseline import ensure_baseline, view_of_test_classes
-from mlrc.search.context import Context, code_version, derive_seed, params_hash
 from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending, interrupt_behind
 from mlrc.search.folds import FoldJob, run_fold
+from mlrc.search.session import StudySession
 from mlrc.store import trials
 from mlrc.train import View, embed, load_model
 from mlrc.train.setup import eval_inputs
@@ -42,7 +43,7 @@ log = logging.getLogger("mlrc")
 VIEW_QUERIES, VIEW_K, VIEW_MAP_POINTS = 8, 5, 2000
 
 
-def best_params(ctx: Context) -> dict[str, Any]:
+def best_params(ctx: StudySession) -> dict[str, Any]:
     """The parameters of the best complete trial (with the fixed ones); a study without one,
     or whose best was scored 0 for a non-finite loss, is a :class:`StudyError`. A study with
     nothing to search (every parameter fixed, as ``mlrc study export`` writes) tests its fixed
@@ -68,7 +69,7 @@ def best_params(ctx: Context) -> dict[str, Any]:
     return {**ctx.resolved.fixed, **best.params}
 
 
-def run_test(ctx: Context) -> list[str]:
+def run_test(ctx: StudySession) -> list[str]:
     """Retrain the best parameters ``reproductions`` times × all folds; test each on the test
     classes, separated (each 128-D fold model, then their mean) and concatenated (512-D).
     Returns messages for reproductions that failed (their results are not stored)."""
@@ -87,7 +88,7 @@ def run_test(ctx: Context) -> list[str]:
     return problems
 
 
-def _tested(ctx: Context, params: dict[str, Any], rep: int) -> bool:
+def _tested(ctx: StudySession, params: dict[str, Any], rep: int) -> bool:
     """Whether reproduction ``rep`` of ``params`` has all its rows stored."""
     done = trials.reproduction_results(ctx.engine, ctx.study_id, rep)
     same = [r for r in done if store.canonical_json(r.params) == store.canonical_json(params)]
@@ -96,7 +97,7 @@ def _tested(ctx: Context, params: dict[str, Any], rep: int) -> bool:
 
 @contextmanager
 def _recorded_on_exit(
-    ctx: Context, params: dict[str, Any], rep: int | None, at: list[int], running: bool = True
+    ctx: StudySession, params: dict[str, Any], rep: int | None, at: list[int], running: bool = True
 ) -> Iterator[None]:
     """Reproduction ``rep`` (None: none pending) ends by the one rule if the block raises, at
     fold ``at[0]`` (the block updates it as it goes): a signal records its running folds as
@@ -125,7 +126,7 @@ def _recorded_on_exit(
         raise
 
 
-def _fail_fold(ctx: Context, params: dict[str, Any], rep: int, fold: int, reason: str) -> None:
+def _fail_fold(ctx: StudySession, params: dict[str, Any], rep: int, fold: int, reason: str) -> None:
     """Test fold ``fold`` of reproduction ``rep`` as failed with ``reason`` (its row created if
     the failure came before it started: the untrained baseline's)."""
     job = FoldJob("test", params_hash(params), rep, fold)
@@ -138,7 +139,7 @@ def _fail_fold(ctx: Context, params: dict[str, Any], rep: int, fold: int, reason
 
 
 def _test_metrics(
-    ctx: Context, emb: np.ndarray, labels: np.ndarray, train_emb: np.ndarray
+    ctx: StudySession, emb: np.ndarray, labels: np.ndarray, train_emb: np.ndarray
 ) -> dict[str, float]:
     """MAP@R, P@1, R-Precision, the analysis metrics (Recall@K for K = 1, 2, 4, 8 and the
     dataset's own K, NMI, mAP@1000, ρ, π) and the
@@ -153,7 +154,7 @@ def _test_metrics(
     return {**m, **analysis_metrics(emb, labels, seed=seed, ks=ks), "metrix_utilization": util}
 
 
-def _test_reproduction(ctx: Context, params: dict[str, Any], rep: int) -> str | None:
+def _test_reproduction(ctx: StudySession, params: dict[str, Any], rep: int) -> str | None:
     """Train and test reproduction ``rep``; its rows are stored together, or a failed fold's
     message is returned. An exception ends it by the one rule (:func:`_recorded_on_exit`)."""
     at = [0]  # the fold being trained or tested; after the last, the last
@@ -161,7 +162,9 @@ def _test_reproduction(ctx: Context, params: dict[str, Any], rep: int) -> str | 
         return _train_and_test(ctx, params, rep, at)
 
 
-def _train_and_test(ctx: Context, params: dict[str, Any], rep: int, at: list[int]) -> str | None:
+def _train_and_test(
+    ctx: StudySession, params: dict[str, Any], rep: int, at: list[int]
+) -> str | None:
     """The body of :func:`_test_reproduction`; ``at[0]``: the fold it is at."""
     p = ctx.resolved.preset
     embeddings, seen, labels, rows, test_view = [], [], None, [], None
@@ -196,7 +199,7 @@ def _train_and_test(ctx: Context, params: dict[str, Any], rep: int, at: list[int
     return None
 
 
-def _retrieval_view(ctx: Context, joined: np.ndarray, view: View, rep: int) -> dict | None:
+def _retrieval_view(ctx: StudySession, joined: np.ndarray, view: View, rep: int) -> dict | None:
     """The dashboard's retrieval view of reproduction ``rep`` from its 512-D test embeddings
     ``joined`` (rows = the items of ``view``), seeded by (study seed, ``rep``); None, with a
     warning, when it cannot be computed (the reproduction's results are stored anyway)."""
