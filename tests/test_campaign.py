@@ -15,7 +15,11 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from mlrc import store
-from mlrc.campaign import (
+from mlrc.cli.campaign import campaign_app
+from mlrc.config import ConfigError, default_space
+from mlrc.methods import losses
+from mlrc.search import open_study, run_search
+from mlrc.search.campaign_runner import (
     cells,
     load_campaign,
     parse_campaign,
@@ -24,10 +28,6 @@ from mlrc.campaign import (
     sanitize,
     study_name,
 )
-from mlrc.cli.campaign import campaign_app
-from mlrc.config import ConfigError, default_space
-from mlrc.methods import losses
-from mlrc.search import open_study, run_search
 from mlrc.store import CampaignStudy, FoldRun, Study, StudyHistory, TestResult, Trial
 
 REPO = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@
 On this machine ``nvidia-cuda-mps-control`` is really absent: ``mlrc worker --mps`` says so in
 one line (exit 2) before anything starts, and a Slurm job script's MPS lines, run by bash here,
 stop the job with exit 2 and one line. The job script is the text submitit writes from
-:func:`mlrc.slurm.job_parameters`; its MPS daemon's start and stop on a GPU node are for the GPU
+:func:`mlrc.search.backends.slurm.job_parameters`; its MPS daemon's start and stop on a GPU node are for the GPU
 tests."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mlrc.mps import CONTROL
+from mlrc.search.backends.mps import CONTROL
 
 
 def mlrc(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -72,7 +72,7 @@ def job_script(tmp_path: Path, mps: bool) -> str:
     """The sbatch script submitit writes for these parameters (the command: a stand-in)."""
     import submitit
 
-    from mlrc.slurm import job_parameters
+    from mlrc.search.backends.slurm import job_parameters
 
     executor = submitit.SlurmExecutor(folder=tmp_path / "%j")
     executor.update_parameters(**job_parameters("s", 10, 2, gpus_per_worker=2, per_gpu=4, mps=mps))

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from mlrc import config
-from mlrc.campaign import load_campaign, parse_campaign, resolve_campaign
 from mlrc.config import ConfigError, ParamSpace, StudyConfig, default_space, load_yaml, resolve
+from mlrc.search.campaign_runner import load_campaign, parse_campaign, resolve_campaign
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "studies" / "reference"

@@ -55,7 +55,9 @@ def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm")
     try:
         with single_node_slurm(root) as c, pytest.MonkeyPatch.context() as mp:
-            mp.setenv("SLURM_CONF", str(c.conf))  # for mlrc.slurm called in this process
+            mp.setenv(
+                "SLURM_CONF", str(c.conf)
+            )  # for mlrc.search.backends.slurm called in this process
             yield c
     except SlurmUnavailable as e:
         require(False, f"the single-node Slurm did not start: {e}")
@@ -79,7 +81,7 @@ def job_states(cluster, ids: list[str]) -> dict[str, str]:
 
 
 def test_three_jobs_one_cancelled_one_requeued(cluster, tmp_path, fresh_database):
-    from mlrc import slurm
+    from mlrc.search.backends import slurm
 
     url = with_password(fresh_database)
     # 8 trials for 3 workers: a second job still runs one after the first is cancelled, even
@@ -100,7 +102,7 @@ def test_three_jobs_one_cancelled_one_requeued(cluster, tmp_path, fresh_database
     assert "s3cret" not in out.stdout + out.stderr
 
     def job_running_a_trial(but: tuple[str, ...] = ()) -> slurm.JobRow:
-        """A job whose worker runs a trial (Slurm's view and the store's, joined by mlrc.slurm)."""
+        """A job whose worker runs a trial (Slurm's view and the store's, joined by mlrc.search.backends.slurm)."""
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
             st = slurm.slurm_status("slurm-a", url, art)
@@ -230,7 +232,7 @@ def test_an_array_of_workers(cluster, tmp_path, fresh_database):
 
 
 def test_the_workers_of_one_job():
-    from mlrc.slurm import WorkerJob
+    from mlrc.search.backends.slurm import WorkerJob
 
     job = WorkerJob("s.yaml", "postgresql://u:pw@h/db", "/art", "/art/slurm/s", gpus=2, per_gpu=2)
     job.threads, job.grace = 3, 20
@@ -251,14 +253,14 @@ def test_the_workers_of_one_job():
     [("00:10:00", 10), ("1:00:01", 61), ("90", 90), ("5:30", 6), ("1-02:00:00", 1560)],
 )
 def test_time_limits(text, minutes):
-    from mlrc.slurm import parse_time
+    from mlrc.search.backends.slurm import parse_time
 
     assert parse_time(text) == minutes
 
 
 @pytest.mark.parametrize("text", ["", "ab", "0", "1:2:3:4"])
 def test_bad_time_limits(text):
-    from mlrc.slurm import SlurmError, parse_time
+    from mlrc.search.backends.slurm import SlurmError, parse_time
 
     with pytest.raises(SlurmError, match="--time"):
         parse_time(text)

@@ -15,9 +15,9 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from mlrc import store
-from mlrc.campaign import cells, parse_campaign
 from mlrc.cli import app
 from mlrc.config import ConfigError, load_study
+from mlrc.search.campaign_runner import cells, parse_campaign
 from mlrc.search.tracking import TrackingError, parse_track, with_track
 from mlrc.store import EpochMetric, FoldRun, Study, TestResult, Trial
 

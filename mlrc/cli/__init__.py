@@ -29,8 +29,8 @@ from mlrc.cli.options import (
     QuietOpt,
     StorageOpt,
 )
+from mlrc.cli.terminal import err_console
 from mlrc.errors import first_line, worker_message
-from mlrc.terminal import err_console
 
 __all__ = [
     "DEFAULT_ARTIFACTS",

@@ -1,12 +1,13 @@
-"""``mlrc campaign run|status``: a grid of studies (:mod:`mlrc.campaign`), run and watched as
-one."""
+"""``mlrc campaign run|status``: a grid of studies, run (:mod:`mlrc.search.campaign_runner`,
+which prints nothing) and watched as one; what a campaign shows on the terminal is here."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.table import Table
 
 from mlrc.cli.interrupts import interrupts
 from mlrc.cli.options import (
@@ -26,7 +27,19 @@ from mlrc.cli.options import (
     check_track,
     fair_share,
 )
-from mlrc.terminal import check_artifacts, check_device, fail, user_errors
+from mlrc.cli.terminal import (
+    check_artifacts,
+    check_device,
+    console,
+    fail,
+    print_report,
+    print_status_by_name,
+    user_errors,
+)
+
+if TYPE_CHECKING:  # the runner imports torch: only when a command runs (mlrc --help stays fast)
+    from mlrc.search.campaign_runner import Cell, Plan, Progress
+    from mlrc.search.session import StudySession
 
 __all__ = ["campaign_app", "campaign_run", "campaign_status"]
 
@@ -55,22 +68,23 @@ def campaign_run(
     """Run (or resume) every study of the campaign: search, then test stage, one after another.
     Exit 1 if a study failed (the others still run). Ctrl-C / SIGTERM: the running trial or
     test fold is recorded as interrupted, one line, exit 130 / 143; run it again to resume."""
-    from mlrc.campaign import run_campaign
+    from mlrc.search.backends import backend_named
+    from mlrc.search.campaign_runner import run_campaign
 
-    if backend not in ("local", "ray"):
-        fail(f"unknown backend {backend!r} (local or ray)")
-    if backend == "local" or address is None:  # a remote Ray cluster's GPUs are not ours to see
-        check_device(device)
-    check_artifacts(artifacts)
-    check_track(track)
-    if backend == "local":  # Ray sets its tasks' threads itself
-        fair_share(threads, quiet)
     ray_options = {
         "address": address,
         "max_concurrent": max_concurrent,
         "cpus_per_trial": cpus_per_trial,
         "gpus_per_trial": gpus_per_trial,
     }
+    with user_errors():
+        chosen = backend_named(backend)
+    if chosen.uses_this_process(ray_options):
+        check_device(device)
+    check_artifacts(artifacts)
+    check_track(track)
+    if chosen.name == "local":  # Ray sets its tasks' threads itself
+        fair_share(threads, quiet)
     with interrupts(), user_errors():
         failures = run_campaign(
             campaign_file,
@@ -82,6 +96,7 @@ def campaign_run(
             ray_options,
             track,
             checks=not skip_checks,
+            events=Printed(),
         )
     if failures:
         raise typer.Exit(1)
@@ -94,7 +109,7 @@ def campaign_status(
 ) -> None:
     """The grid (rows: loss [+ strategy], columns: datasets) with each study's progress."""
     from mlrc import store
-    from mlrc.campaign import cells, find_campaign, print_grid
+    from mlrc.search.campaign_runner import cells, find_campaign
 
     with user_errors():
         engine = store.connect(storage, read_only=True)
@@ -102,3 +117,84 @@ def campaign_status(
         if cfg is None:
             fail(f"no campaign {campaign!r} in {store.redact(storage)}")
         print_grid(engine, cfg.name, cells(cfg, campaign))
+
+
+class Printed:
+    """The :class:`~mlrc.search.campaign_runner.CampaignEvents` of a running campaign on the
+    terminal: a heading per study, its status after the search,
+    each failure, and at the end the grid and the table of the tested studies."""
+
+    def checked(self, lines: list[str]) -> None:
+        for line in lines:
+            console.print(line, soft_wrap=True, highlight=False)
+
+    def study_started(self, campaign: str, i: int, n: int, cell: Cell) -> None:
+        console.rule()
+        console.print(
+            f"[bold]campaign {campaign}: study {i}/{n} · {cell.name}[/bold] "
+            f"({cell.column} × {cell.row})",
+            soft_wrap=True,
+            highlight=False,
+        )
+
+    def searched(self, ctx: StudySession) -> None:
+        print_status_by_name(ctx.engine, ctx.name)
+
+    def test_failed(self, problem: str) -> None:
+        console.print(f"[yellow]failed:[/yellow] {problem}", soft_wrap=True)
+
+    def study_failed(self, i: int, n: int, cell: Cell, problem: str) -> None:
+        console.print(f"[red]study {i}/{n} failed:[/red] {cell.name}: {problem}", soft_wrap=True)
+
+    def finished(self, engine: Any, name: str, plan: Plan) -> None:
+        console.rule(f"[bold]campaign {name}[/bold]: {len(plan)} studies")
+        states = print_grid(engine, name, [c for c, _ in plan])
+        tested = [c.name for c, _ in plan if states[c.name].state == "done"]
+        if tested:
+            print_report(engine, tested, "md")
+
+
+STYLES = {"done": "green", "failed": "red", "running": "yellow", "not started": "dim"}
+
+
+def print_grid(engine: Any, name: str, grid: list[Cell]) -> dict[str, Progress]:
+    """The campaign as a table (rows: loss [+ strategy], columns: datasets), each failure's
+    reason in full below it, and a summary line. Returns each study's progress."""
+    from mlrc.search.campaign_runner import progress
+
+    states = {c.name: progress(engine, c.name) for c in grid}
+    console.print(_grid_table(name, grid, states))
+    for c in grid:
+        if states[c.name].state == "failed":
+            console.print(f"{c.name}: {states[c.name].text}", soft_wrap=True, highlight=False)
+    counts = {
+        k: sum(p.state == k for p in states.values())
+        for k in ("done", "failed", "running", "partial", "pending", "not started")
+    }
+    summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+    console.print(f"{len(grid)} studies: {summary}", soft_wrap=True, highlight=False)
+    return states
+
+
+def _grid_table(name: str, grid: list[Cell], states: dict[str, Progress]) -> Any:
+    """The rich table of :func:`print_grid`: a row per loss [+ strategy], a column per dataset,
+    each cell's progress text in its state's colour."""
+    columns = list(dict.fromkeys(c.column for c in grid))
+    rows = list(dict.fromkeys(c.row for c in grid))
+    at = {(c.row, c.column): c for c in grid}
+    table = Table(title=f"campaign {name}")
+    table.add_column("loss")
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        cells_text = []
+        for col in columns:
+            cell = at.get((row, col))
+            if cell is None:
+                cells_text.append("")
+                continue
+            p = states[cell.name]
+            style = STYLES.get(p.state)
+            cells_text.append(f"[{style}]{p.text}[/{style}]" if style else p.text)
+        table.add_row(row, *cells_text)
+    return table

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from mlrc.cli.options import DEFAULT_STORAGE, StorageOpt
-from mlrc.terminal import check_out, fail, write_out
+from mlrc.cli.terminal import check_out, fail, write_out
 
 __all__ = ["build_command", "dashboard_app", "serve_command"]
 

@@ -10,12 +10,12 @@ import typer
 from rich.table import Table
 
 from mlrc import data
+from mlrc.cli.terminal import check_device, console, fail
 from mlrc.config import ConfigError
 from mlrc.config.splits import build_split, resolve_split
 from mlrc.data.base import DatasetError
 from mlrc.protocol import Split, SplitError
 from mlrc.registry import RegistryError
-from mlrc.terminal import check_device, console, fail
 
 if TYPE_CHECKING:
     from mlrc.config import Preset

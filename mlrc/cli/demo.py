@@ -9,7 +9,7 @@ import typer
 
 from mlrc.cli.interrupts import interrupts
 from mlrc.cli.options import ArtifactsOpt, DeviceOpt, QuietOpt, StorageOpt, ThreadsOpt, fair_share
-from mlrc.terminal import (
+from mlrc.cli.terminal import (
     check_artifacts,
     check_device,
     console,

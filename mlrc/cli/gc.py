@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from mlrc.cli.options import DEFAULT_ARTIFACTS, DEFAULT_STORAGE, ArtifactsOpt, StorageOpt
-from mlrc.terminal import console, fail, user_errors
+from mlrc.cli.terminal import console, fail, user_errors
 
 __all__ = ["gc", "human_bytes"]
 

@@ -7,8 +7,8 @@ from contextlib import contextmanager
 
 import typer
 
+from mlrc.cli.terminal import err_console
 from mlrc.errors import interrupt_behind
-from mlrc.terminal import err_console
 
 __all__ = ["interrupt_behind", "interrupts"]
 

@@ -82,8 +82,8 @@ TrackOpt = Annotated[
 
 def check_track(track: str | None) -> None:
     """``--track`` as given, or one line ``error: --track: …`` (unknown form, package missing)."""
+    from mlrc.cli.terminal import fail
     from mlrc.search.tracking import TrackingError, check_available, parse_track
-    from mlrc.terminal import fail
 
     if track is not None:
         try:

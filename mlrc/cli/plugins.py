@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from mlrc.terminal import console, user_errors
+from mlrc.cli.terminal import console, user_errors
 
 plugins_app = typer.Typer(
     no_args_is_help=True,

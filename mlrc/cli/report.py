@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mlrc.cli.options import DEFAULT_STORAGE, StorageOpt
-from mlrc.terminal import check_out, fail, print_report, user_errors
+from mlrc.cli.terminal import check_out, fail, print_report, user_errors
 
 __all__ = ["report"]
 

@@ -1,4 +1,4 @@
-"""``mlrc slurm submit|status``: ``mlrc worker`` jobs on a Slurm cluster (:mod:`mlrc.slurm`)."""
+"""``mlrc slurm submit|status``: ``mlrc worker`` jobs on a Slurm cluster (:mod:`mlrc.search.backends.slurm`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mlrc.cli.options import DEFAULT_ARTIFACTS, ThreadsOpt
-from mlrc.terminal import console, fail, user_errors
+from mlrc.cli.terminal import console, fail, user_errors
 
 __all__ = ["slurm_app", "slurm_status", "slurm_submit"]
 
@@ -84,7 +84,7 @@ def slurm_submit(
     study's PostgreSQL URL. A cancelled or preempted job's trial is retried by the others; a job
     at its time limit is requeued. Job ids are recorded under ARTIFACTS/slurm/STUDY/. With --mps
     each job starts a CUDA MPS daemon for its GPUs before its workers and stops it after them."""
-    from mlrc.slurm import SlurmError, submit
+    from mlrc.search.backends.slurm import SlurmError, submit
 
     if not storage:
         fail("--storage (or MLRC_STORAGE) is required: the PostgreSQL URL the jobs share")
@@ -129,7 +129,7 @@ def slurm_status(
     """The study's Slurm jobs (state, node, elapsed, the trials they run) beside its trials."""
     from rich.table import Table
 
-    from mlrc import slurm
+    from mlrc.search.backends import slurm
 
     if not storage:
         fail("--storage (or MLRC_STORAGE) is required: the PostgreSQL URL the jobs share")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from mlrc.cli.options import DEFAULT_STORAGE, StorageOpt
-from mlrc.terminal import console, user_errors
+from mlrc.cli.terminal import console, user_errors
 
 store_app = typer.Typer(
     no_args_is_help=True,

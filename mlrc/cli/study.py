@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -30,7 +29,7 @@ from mlrc.cli.options import (
     check_track,
     fair_share,
 )
-from mlrc.terminal import (
+from mlrc.cli.terminal import (
     check_artifacts,
     check_device,
     check_out,
@@ -43,7 +42,7 @@ from mlrc.terminal import (
 )
 
 if TYPE_CHECKING:
-    from mlrc.search import StudySession
+    pass
 
 __all__ = [
     "open_study_file",
@@ -157,19 +156,26 @@ def study_run(
     skip_checks: SkipChecksOpt = False,
 ) -> None:
     """Run (or resume) the Bayesian search: trials × 4 folds, objective = mean val MAP@R."""
-    from mlrc.search import run_search
+    from mlrc.search.backends import backend_named
+    from mlrc.train.numerics import bind_device
 
-    if backend not in ("local", "ray"):
-        fail(f"unknown backend {backend!r} (local or ray; for a worker pool use `mlrc worker`)")
+    options = {
+        "address": address,
+        "max_concurrent": max_concurrent,
+        "cpus_per_trial": cpus_per_trial,
+        "gpus_per_trial": gpus_per_trial,
+        "fold_parallel": fold_parallel,
+        "scheduler": scheduler,
+    }
+    with user_errors():
+        chosen = backend_named(backend)
     if scheduler not in ("none", "asha", "median"):
         fail(f"unknown scheduler {scheduler!r} (none, asha or median)")
-    if backend == "local" or address is None:  # a remote Ray cluster's GPUs are not ours to see
+    if chosen.uses_this_process(options):
         check_device(device)
     check_artifacts(artifacts)
     check_track(track)
-    if backend == "local":  # Ray sets its tasks' threads itself
-        from mlrc.train.numerics import bind_device
-
+    if chosen.name == "local":  # Ray sets its tasks' threads itself
         bind_device(device)  # cuda:N: no stray context on GPU 0
         fair_share(threads, quiet)
     with (
@@ -189,35 +195,8 @@ def study_run(
             checks=not skip_checks,
         ) as ctx,
     ):
-        if backend == "ray":
-            _search_on_ray(
-                ctx,
-                address=address,
-                max_concurrent=max_concurrent,
-                cpus_per_trial=cpus_per_trial,
-                gpus_per_trial=gpus_per_trial,
-                fold_parallel=fold_parallel,
-                scheduler=scheduler,
-            )
-        else:
-            run_search(ctx)
+        chosen.search(ctx, options)
         print_status_by_name(ctx.engine, ctx.name)
-
-
-def _search_on_ray(
-    ctx: StudySession, address: str | None, scheduler: str, **options: object
-) -> None:
-    """The search of an open study as Ray tasks (a local Ray when ``address`` is None)."""
-    if address is None:  # a local Ray listens on 127.0.0.1 only (set before import)
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    from mlrc.search.backends.ray import run_search_ray, scheduler_named
-
-    run_search_ray(
-        ctx,
-        address=address,
-        scheduler=scheduler_named(scheduler, len(ctx.split.folds)),
-        **options,
-    )
 
 
 @study_app.command("test")

@@ -22,7 +22,7 @@ from mlrc.cli.options import (
     fair_share,
 )
 from mlrc.cli.study import open_study_file, preflight
-from mlrc.terminal import (
+from mlrc.cli.terminal import (
     check_artifacts,
     check_device,
     console,
@@ -106,7 +106,7 @@ def worker(
         args += ["--quiet"] if quiet else []
         if not mps:
             raise typer.Exit(packed_workers(per_gpu, args, storage))
-        from mlrc.mps import MPSError, mps_daemon
+        from mlrc.search.backends.mps import MPSError, mps_daemon
 
         try:
             with mps_daemon() as mps_env:
@@ -153,7 +153,7 @@ def worker(
 def check_mps(device: str, per_gpu: int) -> None:
     """Refuse ``--mps`` (one line, exit 2) before anything starts: without ``--per-gpu N ≥ 2``
     or a CUDA ``--device``, or where ``nvidia-cuda-mps-control`` is not on PATH."""
-    from mlrc.mps import MPSError, control_path
+    from mlrc.search.backends.mps import MPSError, control_path
 
     if per_gpu < 2:
         fail("--mps shares one GPU between packed workers: it needs --per-gpu N (N ≥ 2)")

@@ -3,7 +3,7 @@ budget, validated (:func:`parse_campaign`, :func:`load_campaign`) and unfolded i
 (:func:`cells`), each resolved like a study file (:func:`resolve_campaign`).
 
 Every cell of the grid is an ordinary study, named ``{campaign}-{dataset}-{loss}[-{strategy}]``
-(:func:`study_name`). Running and watching a campaign is :mod:`mlrc.campaign`'s job.
+(:func:`study_name`). Running and watching a campaign is :mod:`mlrc.search.campaign_runner`'s job.
 """
 
 from __future__ import annotations

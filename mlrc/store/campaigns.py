@@ -1,6 +1,6 @@
 """What a campaign writes and reads: its membership (``mlrc_campaign_study``: one row per study,
 in campaign order, with the campaign's configuration) and each study's progress (every query of
-:mod:`mlrc.campaign`, named for what it does)."""
+:mod:`mlrc.search.campaign_runner`, named for what it does)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from mlrc.campaign import load_campaign, resolve_campaign
 from mlrc.config import ConfigError
+from mlrc.search.campaign_runner import load_campaign, resolve_campaign
 
 VALID = """\
 name: camp

@@ -255,8 +255,8 @@ def test_artifacts_naming_a_file_is_one_line(tmp_path):
 def test_artifacts_with_a_nul_character_is_refused_before_any_work(tmp_path, capsys):
     """No shell can pass a NUL in an argument; typer's path conversion refuses one as a usage
     error (exit 2, no traceback) before the command's own check
-    (:func:`mlrc.terminal.check_artifacts`), which names it in one line for other callers."""
-    from mlrc.terminal import check_artifacts
+    (:func:`mlrc.cli.terminal.check_artifacts`), which names it in one line for other callers."""
+    from mlrc.cli.terminal import check_artifacts
 
     folder = f"{tmp_path}/a\x00b"
     r = runner.invoke(app, ["demo", "--artifacts", folder])

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import yaml
 
-from mlrc.campaign import load_campaign, resolve_campaign
 from mlrc.config import SPACES_DIR, ConfigError, StudyConfig, default_space, load_study, resolve
 from mlrc.data import available as datasets
 from mlrc.methods import losses, miners, strategies
 from mlrc.params import ParamType
+from mlrc.search.campaign_runner import load_campaign, resolve_campaign
 
 BASE = {
     "name": "param-types",

@@ -382,7 +382,7 @@ def test_valid_names_are_one_path_component():
 
 
 def test_campaign_study_names_from_labels_are_sanitised():
-    from mlrc.campaign import NAME_PATTERN, study_name
+    from mlrc.search.campaign_runner import NAME_PATTERN, study_name
 
     for parts in (
         ("c", "../../etc", "a/b", "/abs\x00\n"),

@@ -114,7 +114,7 @@ class WorkerJob:
     heartbeat: int = 30
     grace: int | None = None
     threads: int | None = None
-    mps: bool = False  # under the job script's CUDA MPS daemon (mlrc.mps.job_setup)
+    mps: bool = False  # under the job script's CUDA MPS daemon (mlrc.search.backends.mps.job_setup)
     _procs: list[subprocess.Popen] = field(default_factory=list, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:  # pickled by submitit: no live processes
@@ -141,7 +141,7 @@ class WorkerJob:
 
         job_id = submitit.JobEnvironment().job_id
         env = {**os.environ, "MLRC_STORAGE": self.storage}
-        if self.mps:  # the MPS server numbers the job's GPUs 0, 1, …: see mlrc.mps
+        if self.mps:  # the MPS server numbers the job's GPUs 0, 1, …: see mlrc.search.backends.mps
             env.pop("CUDA_VISIBLE_DEVICES", None)
         signal.signal(signal.SIGTERM, self._forward)  # submitit's own handler only logs it
         self._procs = [
@@ -215,7 +215,7 @@ def submit(
 ) -> list[str]:
     """Submit ``workers`` Slurm jobs (one array of ``workers`` tasks with ``array``) running
     :class:`WorkerJob`; record their ids in ``jobs.json``; return them. ``mps``: each job
-    starts a CUDA MPS daemon before its workers and stops it after them (:mod:`mlrc.mps`)."""
+    starts a CUDA MPS daemon before its workers and stops it after them (:mod:`mlrc.search.backends.mps`)."""
     import submitit
 
     from mlrc import store
@@ -288,8 +288,8 @@ def job_parameters(
     """submitit's ``SlurmExecutor`` parameters of the study's worker jobs: one node, one task,
     ``cpus_per_worker`` × the job's worker processes, ``gres gpu:N``; with ``mps`` the job
     script's setup lines start a CUDA MPS daemon and its teardown lines stop it
-    (:func:`mlrc.mps.job_setup`, :func:`mlrc.mps.job_teardown`)."""
-    from mlrc.mps import job_setup, job_teardown
+    (:func:`mlrc.search.backends.mps.job_setup`, :func:`mlrc.search.backends.mps.job_teardown`)."""
+    from mlrc.search.backends.mps import job_setup, job_teardown
 
     params: dict[str, Any] = {
         "job_name": f"mlrc-{study}",

@@ -1,5 +1,5 @@
 """Terminal output shared by the two front ends, ``mlrc`` (:mod:`mlrc.cli`) and its campaigns
-(:mod:`mlrc.campaign`): the consoles, the one-line refusal (``error: …``, exit 2), the checks of
+(:mod:`mlrc.search.campaign_runner`): the consoles, the one-line refusal (``error: …``, exit 2), the checks of
 ``--device`` and ``--artifacts``, expected failures as one line, a study's status, the report.
 
 It sits below both front ends (the campaign must not import the CLI) and above what it shows

@@ -9,8 +9,11 @@ studies are :mod:`mlrc.config.campaign`'s (re-exported here).
 trains, checks that none already exists in the store with another configuration, records the
 membership (``mlrc_campaign_study``), then runs each study's search and test stage in turn; a
 failed study is reported and the others go on. Running it again resumes: finished trials, folds
-and reproductions are reused. :func:`print_grid` (``mlrc campaign status``) shows the grid with
+and reproductions are reused. :func:`progress` (``mlrc campaign status``) gives
 each cell's progress, read from the store only (:mod:`mlrc.store.campaigns`).
+
+The runner prints nothing: it tells a :class:`CampaignEvents` what happens and returns each
+failed study's reason; :mod:`mlrc.cli.campaign` prints them and the grid.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from mlrc.config import ResolvedStudy
+from mlrc import store
+from mlrc.config import ResolvedStudy, identity_change
 from mlrc.config.campaign import (
     NAME_PATTERN,
     CampaignConfig,
@@ -37,24 +41,37 @@ from mlrc.config.campaign import (
     sanitize,
     study_name,
 )
+from mlrc.errors import interrupt_behind
+from mlrc.search.backends import Backend, backend_named
+from mlrc.search.errors import USER_ERRORS, StudyError, failure_reason
+from mlrc.search.reproductions import run_test
+from mlrc.search.session import StudySession, open_study, register_study
+from mlrc.search.tracking import with_track
+from mlrc.store import NONFINITE, StoreError
+from mlrc.store.campaigns import (
+    last_campaign_config,
+    record_campaign,
+    stored_configs,
+    study_progress,
+)
+from mlrc.train.preflight import preflight as check
 
 __all__ = [
     "FINISHED",
+    "SILENT",
     "NAME_PATTERN",
-    "STYLES",
     "CampaignConfig",
+    "CampaignEvents",
     "CampaignDataset",
     "CampaignLoss",
     "CampaignStrategy",
     "Cell",
     "Progress",
-    "RaySession",
     "cells",
     "find_campaign",
     "load_campaign",
     "parse_campaign",
     "preflight",
-    "print_grid",
     "progress",
     "register",
     "resolve_campaign",
@@ -67,7 +84,7 @@ __all__ = [
 
 log = logging.getLogger("mlrc")
 
-Plan = list[tuple[Cell, ResolvedStudy]]
+Plan = list[tuple[Cell, ResolvedStudy]]  # a campaign's studies, in order
 
 
 # --- the store ---------------------------------------------------------------------------------
@@ -77,8 +94,6 @@ def register(engine: Any, cfg: CampaignConfig, plan: Plan) -> None:
     """Check every study against the store first (one changed study refuses the campaign before
     anything is written), register them, and record the membership: one row per study, in
     order, with the campaign's configuration; studies no longer in the file leave it."""
-    from mlrc.search import register_study
-    from mlrc.store.campaigns import record_campaign
 
     _refuse_changed(engine, plan)
     ids = [register_study(engine, resolved) for _, resolved in plan]
@@ -89,10 +104,6 @@ def register(engine: Any, cfg: CampaignConfig, plan: Plan) -> None:
 def _refuse_changed(engine: Any, plan: Plan) -> None:
     """A :class:`~mlrc.search.StudyError` for the first study of ``plan`` stored with another
     configuration."""
-    from mlrc.config import identity_change
-    from mlrc.search import StudyError
-    from mlrc.store.campaigns import stored_configs
-
     stored = stored_configs(engine, [resolved.study.name for _, resolved in plan])
     for _, resolved in plan:
         old = stored.get(resolved.study.name)
@@ -105,7 +116,6 @@ def _refuse_changed(engine: Any, plan: Plan) -> None:
 
 def stored_campaign(engine: Any, name: str) -> CampaignConfig | None:
     """The configuration recorded by the last ``campaign run`` of ``name`` (None: unknown)."""
-    from mlrc.store.campaigns import last_campaign_config
 
     config = last_campaign_config(engine, name)
     if config is None:
@@ -136,8 +146,6 @@ FINISHED = ("complete", "failed", "pruned")  # trial states that count towards t
 
 
 def _scored_zero(reason: str | None) -> bool:
-    from mlrc.store import NONFINITE
-
     return bool(reason) and reason.startswith(NONFINITE)
 
 
@@ -147,8 +155,6 @@ def progress(engine: Any, name: str) -> Progress:
     when the search stopped at a failed trial (its last, with the budget not spent: its error
     stopped the command) or when a test fold failed. Interrupted trials and test folds are
     neither running nor failed: the study is partial (or pending) and resumes."""
-    from mlrc.store.campaigns import study_progress
-
     st = study_progress(engine, name)
     if st is None:
         return Progress("not started", "not started")
@@ -219,55 +225,34 @@ def _failed_test(
     return Progress("failed", f"failed: reproduction {rep}, fold {fold}: {reason}")
 
 
-STYLES = {"done": "green", "failed": "red", "running": "yellow", "not started": "dim"}
-
-
-def print_grid(engine: Any, name: str, grid: list[Cell]) -> dict[str, Progress]:
-    """The campaign as a table (rows: loss [+ strategy], columns: datasets), each failure's
-    reason in full below it, and a summary line. Returns each study's progress."""
-    from mlrc.terminal import console
-
-    states = {c.name: progress(engine, c.name) for c in grid}
-    console.print(_grid_table(name, grid, states))
-    for c in grid:
-        if states[c.name].state == "failed":
-            console.print(f"{c.name}: {states[c.name].text}", soft_wrap=True, highlight=False)
-    counts = {
-        k: sum(p.state == k for p in states.values())
-        for k in ("done", "failed", "running", "partial", "pending", "not started")
-    }
-    summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-    console.print(f"{len(grid)} studies: {summary}", soft_wrap=True, highlight=False)
-    return states
-
-
-def _grid_table(name: str, grid: list[Cell], states: dict[str, Progress]) -> Any:
-    """The rich table of :func:`print_grid`: a row per loss [+ strategy], a column per dataset,
-    each cell's progress text in its state's colour."""
-    from rich.table import Table
-
-    columns = list(dict.fromkeys(c.column for c in grid))
-    rows = list(dict.fromkeys(c.row for c in grid))
-    at = {(c.row, c.column): c for c in grid}
-    table = Table(title=f"campaign {name}")
-    table.add_column("loss")
-    for col in columns:
-        table.add_column(col)
-    for row in rows:
-        cells_text = []
-        for col in columns:
-            cell = at.get((row, col))
-            if cell is None:
-                cells_text.append("")
-                continue
-            p = states[cell.name]
-            style = STYLES.get(p.state)
-            cells_text.append(f"[{style}]{p.text}[/{style}]" if style else p.text)
-        table.add_row(row, *cells_text)
-    return table
-
-
 # --- running -----------------------------------------------------------------------------------
+
+
+class CampaignEvents:
+    """What a front end may show while a campaign runs (the CLI prints them,
+    :mod:`mlrc.cli.campaign`); every hook does nothing here, so a caller that wants nothing
+    shown passes this class's instance. The runner itself prints nothing."""
+
+    def checked(self, lines: list[str]) -> None:
+        """The pre-flight's lines, once the store took the studies."""
+
+    def study_started(self, campaign: str, i: int, n: int, cell: Cell) -> None:
+        """Study ``i`` of ``n`` of ``campaign`` starts (its search, then its test stage)."""
+
+    def searched(self, ctx: StudySession) -> None:
+        """The search of an open study ended (its status may be shown)."""
+
+    def test_failed(self, problem: str) -> None:
+        """A test reproduction failed (the others went on)."""
+
+    def study_failed(self, i: int, n: int, cell: Cell, problem: str) -> None:
+        """Study ``i`` of ``n`` failed: ``problem`` (the campaign goes on)."""
+
+    def finished(self, engine: Any, name: str, plan: Plan) -> None:
+        """Every study ran: the campaign's outcome may be shown (read it from the store)."""
+
+
+SILENT = CampaignEvents()
 
 
 def run_campaign(
@@ -280,14 +265,15 @@ def run_campaign(
     ray_options: dict[str, Any] | None = None,
     track: str | None = None,
     checks: bool = True,
+    events: CampaignEvents = SILENT,
 ) -> dict[str, str]:
     """Run (or resume) every study of the campaign file: load and resolve them all, run their
     pre-flight (``checks``; :func:`preflight`), register them, then search and test each in
-    turn (``backend`` local or ray, one Ray session for the whole campaign), and print the grid
-    and the table of the tested studies. Returns the reason each failed study failed, by name
-    (the others still ran). ``track``: ``--track`` (instead of the file's ``tracking``)."""
-    from mlrc import store
-    from mlrc.search.tracking import with_track
+    turn (``backend``: a name in :data:`~mlrc.search.backends.BACKENDS`, one backend session
+    for the whole campaign), telling ``events`` as it goes. Returns the reason each failed
+    study failed, by name (the others still ran). ``track``: ``--track`` (instead of the file's
+    ``tracking``)."""
+    chosen = backend_named(backend)
 
     cfg = load_campaign(campaign_file)
     plan = [(c, with_track(r, track)) for c, r in resolve_campaign(cfg, str(campaign_file))]
@@ -298,10 +284,7 @@ def run_campaign(
         lines = preflight(plan, quiet)
     register(engine, cfg, plan)
     if lines:  # once the store took the studies (its refusal stays one line)
-        from mlrc.terminal import console
-
-        for line in lines:
-            console.print(line, soft_wrap=True, highlight=False)
+        events.checked(lines)
     ray_options = ray_options or {}
     run = partial(
         run_study,
@@ -311,18 +294,17 @@ def run_campaign(
         quiet=quiet,
         backend=backend,
         ray_options=ray_options,
+        events=events,
     )
-    with RaySession(backend, ray_options.get("address"), quiet):
-        failures = _run_studies(cfg.name, plan, run)
-    _print_outcome(engine, cfg.name, plan)
+    with chosen.session(ray_options, quiet):
+        failures = _run_studies(cfg.name, plan, run, events)
+    events.finished(engine, cfg.name, plan)
     return failures
 
 
 def preflight(plan: Plan, quiet: bool) -> list[str]:
     """The pre-flight of every study (:mod:`mlrc.train.preflight`); a line each to print (none
     when ``quiet``). The first problem is raised as its one line, naming the study at its end."""
-    from mlrc.train.preflight import preflight as check
-
     lines = []
     for cell, resolved in plan:
         try:
@@ -334,71 +316,17 @@ def preflight(plan: Plan, quiet: bool) -> list[str]:
 
 
 def _run_studies(
-    name: str, plan: Plan, run: Callable[[ResolvedStudy], str | None]
+    name: str, plan: Plan, run: Callable[[ResolvedStudy], str | None], events: CampaignEvents
 ) -> dict[str, str]:
-    """``run`` each study of ``plan`` in turn under a heading; the reason of each failure, by
-    name."""
-    from mlrc.terminal import console
-
+    """``run`` each study of ``plan`` in turn; the reason of each failure, by name."""
     failures = {}
     for i, (cell, resolved) in enumerate(plan, 1):
-        console.rule()
-        console.print(
-            f"[bold]campaign {name}: study {i}/{len(plan)} · {cell.name}[/bold] "
-            f"({cell.column} × {cell.row})",
-            soft_wrap=True,
-            highlight=False,
-        )
+        events.study_started(name, i, len(plan), cell)
         problem = run(resolved)
         if problem is not None:
             failures[cell.name] = problem
-            console.print(
-                f"[red]study {i}/{len(plan)} failed:[/red] {cell.name}: {problem}",
-                soft_wrap=True,
-            )
+            events.study_failed(i, len(plan), cell, problem)
     return failures
-
-
-def _print_outcome(engine: Any, name: str, plan: Plan) -> None:
-    """The grid of the campaign, then the results table of its studies that are done."""
-    from mlrc.terminal import console, print_report
-
-    console.rule(f"[bold]campaign {name}[/bold]: {len(plan)} studies")
-    states = print_grid(engine, name, [c for c, _ in plan])
-    tested = [c.name for c, _ in plan if states[c.name].state == "done"]
-    if tested:
-        print_report(engine, tested, "md")
-
-
-class RaySession:
-    """With ``--backend ray``: one Ray session for the whole campaign (not one per study)."""
-
-    def __init__(self, backend: str, address: str | None, quiet: bool) -> None:
-        self.on, self.address, self.quiet, self.started = backend == "ray", address, quiet, False
-
-    def __enter__(self) -> RaySession:
-        if self.on:
-            import os
-
-            if self.address is None:  # a local Ray listens on 127.0.0.1 only
-                os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-            import ray
-
-            if not ray.is_initialized():
-                ray.init(
-                    address=self.address,
-                    include_dashboard=False,
-                    log_to_driver=not self.quiet,
-                    logging_level=logging.WARNING,
-                )
-                self.started = True
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.started:
-            import ray
-
-            ray.shutdown()
 
 
 def run_study(
@@ -409,20 +337,16 @@ def run_study(
     quiet: bool,
     backend: str,
     ray_options: dict[str, Any],
+    events: CampaignEvents = SILENT,
 ) -> str | None:
     """Search then test stage of one study; the reason it failed, or None. Errors of the
     study itself (its dataset, its lock, its trials) are returned as the one line ``study run``
     would print (the trial or test fold they failed is recorded failed with it, by the one rule
     of :func:`mlrc.search.errors.ending`); store errors and Ctrl-C/SIGTERM propagate (the
     interrupted trial or test fold is recorded as such)."""
-    from mlrc.errors import interrupt_behind
-    from mlrc.search import open_study
-    from mlrc.search.errors import failure_reason
-    from mlrc.store import StoreError
-
     try:
         with open_study(resolved, storage, artifacts, device, progress=not quiet) as ctx:
-            return _search_and_test(ctx, backend, ray_options)
+            return _search_and_test(ctx, backend_named(backend), ray_options, events)
     except StoreError:
         raise  # the store itself is unusable: no other study can run either
     except Exception as e:  # noqa: BLE001 — one study's failure must not stop the campaign
@@ -435,28 +359,20 @@ def run_study(
 
 def _expected(e: Exception) -> bool:
     """An error of the study itself (its dataset, its lock, its files), not a crash."""
-    from mlrc.search.errors import USER_ERRORS
-
     return isinstance(e, USER_ERRORS)
 
 
-def _search_and_test(ctx: Any, backend: str, ray_options: dict[str, Any]) -> str | None:
-    """The search of an open study, its status, then (unless the search failed) its test
-    stage; the reason it failed, or None."""
-    from mlrc.search import run_search, run_test
-    from mlrc.terminal import console, print_status_by_name
-
-    if backend == "ray":
-        from mlrc.search.backends.ray import run_search_ray
-
-        run_search_ray(ctx, **ray_options)
-    else:
-        run_search(ctx)
-    print_status_by_name(ctx.engine, ctx.name)
+def _search_and_test(
+    ctx: StudySession, backend: Backend, options: dict[str, Any], events: CampaignEvents
+) -> str | None:
+    """The search of an open study, then (unless the search failed) its test stage; the
+    reason it failed, or None."""
+    backend.search(ctx, options)
+    events.searched(ctx)
     p = progress(ctx.engine, ctx.name)
     if p.state == "failed":
         return p.text.removeprefix("failed: ")
     problems = run_test(ctx)
     for problem in problems:
-        console.print(f"[yellow]failed:[/yellow] {problem}", soft_wrap=True)
+        events.test_failed(problem)
     return "; ".join(problems) or None
