@@ -20,6 +20,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from mlrc.cli.debug import debugging, set_debug
 from mlrc.cli.help import readable_help
 from mlrc.cli.options import (
     DEFAULT_ARTIFACTS,
@@ -46,8 +47,6 @@ __all__ = [
 ]
 
 # --- the boundary: any unexpected exception becomes one line ----------------------------------
-
-_run = {"debug": False}  # this invocation's global options (set by the app's callback)
 
 
 class _Boundary(TyperGroup):
@@ -81,12 +80,6 @@ class _Boundary(TyperGroup):
             names.append(word)
             group = sub
         return " ".join(names)
-
-
-def debugging() -> bool:
-    """``mlrc --debug`` or ``MLRC_DEBUG`` set (not empty, 0, false, no or off)."""
-    env = os.environ.get("MLRC_DEBUG", "").strip().lower()
-    return _run["debug"] or env not in ("", "0", "false", "no", "off")
 
 
 def traceback_folder() -> Path:
@@ -178,7 +171,7 @@ def _options(
         ),
     ] = False,
 ) -> None:
-    _run["debug"] = debug
+    set_debug(debug)
 
 
 def _add_subapps() -> None:

@@ -84,6 +84,7 @@ def slurm_submit(
     study's PostgreSQL URL. A cancelled or preempted job's trial is retried by the others; a job
     at its time limit is requeued. Job ids are recorded under ARTIFACTS/slurm/STUDY/. With --mps
     each job starts a CUDA MPS daemon for its GPUs before its workers and stops it after them."""
+    # size: a typer command: its options, one per line; the body is 30 lines
     from mlrc.search.backends.slurm import SlurmError, submit
 
     if not storage:

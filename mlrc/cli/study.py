@@ -156,6 +156,7 @@ def study_run(
     skip_checks: SkipChecksOpt = False,
 ) -> None:
     """Run (or resume) the Bayesian search: trials × 4 folds, objective = mean val MAP@R."""
+    # size: a typer command: 18 options, one per line; the body is 35 lines
     from mlrc.search.backends import backend_named
     from mlrc.train.numerics import bind_device
 

@@ -167,7 +167,22 @@ def print_status_by_name(engine, name: str) -> None:
         fail(f"no study {name!r} in {store.redact(str(engine.url))}")
     st, trials, folds, tests = status
     label = objective_label(st.config)
-    table = Table(title=f"study {name} ({st.dataset}, {st.loss}, preset {st.preset})")
+    console.print(
+        _trials_table(f"study {name} ({st.dataset}, {st.loss}, preset {st.preset})", trials, label)
+    )
+    _print_reasons(trials)
+    folds_run = sorted(stored.fold_runs(engine, st.id), key=lambda f: (f.reproduction, f.fold))
+    _print_failed_test_folds(folds_run)
+    _print_summary(trials, folds, tests, label)
+    if is_traditional(st.config):
+        console.print(TRADITIONAL_NOTE, soft_wrap=True, highlight=False, markup=False)
+    print_compute([f.provenance for f in folds_run if f.status == "complete"])
+    print_budget(engine, st)
+
+
+def _trials_table(title: str, trials: list, label: str) -> Table:
+    """A row per trial: number, state, objective ± SEM, parameters and reason."""
+    table = Table(title=title)
     for col in ("trial", "state", label, "± SEM", "params", "reason"):
         table.add_column(col)
     for t in trials:
@@ -184,8 +199,12 @@ def print_status_by_name(engine, name: str) -> None:
             ),
             Text(reason(t)),  # as written: "[enforce fail at …]" is no markup, ":x:" no emoji
         )
-    console.print(table)
-    for t in trials:  # below the table too: a narrow terminal wraps the reason column
+    return table
+
+
+def _print_reasons(trials: list) -> None:
+    """Each trial's reason below the table too: a narrow terminal wraps the reason column."""
+    for t in trials:
         if t.reason and t.state == "complete":  # e.g. scored 0 after a non-finite loss
             value = f"{t.value:.4f}" if t.value is not None else "-"
             line = f"trial {t.number} complete  {value}  ({reason(t)})"
@@ -194,12 +213,19 @@ def print_status_by_name(engine, name: str) -> None:
         else:
             continue
         console.print(line, soft_wrap=True, highlight=False, markup=False, emoji=False)
-    folds_run = sorted(stored.fold_runs(engine, st.id), key=lambda f: (f.reproduction, f.fold))
-    for f in folds_run:  # the test stage's failed or interrupted folds, with their reasons
+
+
+def _print_failed_test_folds(folds_run: list) -> None:
+    """The test stage's failed or interrupted folds, with their reasons."""
+    for f in folds_run:
         if f.kind == "test" and f.status in ("failed", "interrupted"):
             why = f": {f.reason}" if f.reason and f.reason != f.status else ""
             line = f"reproduction {f.reproduction}, fold {f.fold} {f.status}{why}"
             console.print(line, soft_wrap=True, highlight=False, markup=False, emoji=False)
+
+
+def _print_summary(trials: list, folds: dict, tests: int, label: str) -> None:
+    """Trials by state, folds done, reproductions tested, and the best trial so far."""
     counts = {
         state: sum(t.state == state for t in trials)
         for state in ("complete", "running", "failed", "interrupted", "pruned")
@@ -217,10 +243,6 @@ def print_status_by_name(engine, name: str) -> None:
         console.print(
             f"best so far: trial {best.number}, {label} {best.value:.4f}{sem}", soft_wrap=True
         )
-    if is_traditional(st.config):
-        console.print(TRADITIONAL_NOTE, soft_wrap=True, highlight=False, markup=False)
-    print_compute([f.provenance for f in folds_run if f.status == "complete"])
-    print_budget(engine, st)
 
 
 def print_compute(provenances: list) -> None:

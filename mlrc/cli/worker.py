@@ -3,11 +3,17 @@ device, as child processes)."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from mlrc.cli.debug import debugging
 from mlrc.cli.interrupts import interrupts
 from mlrc.cli.options import (
     DEFAULT_ARTIFACTS,
@@ -77,9 +83,7 @@ def worker(
     PostgreSQL database (SQLite allows a single worker). ``--per-gpu N`` starts N such workers
     on the same device as separate processes (the exit code is the first non-zero one);
     ``--mps`` runs them under a CUDA MPS daemon started for them and stopped after them."""
-    import logging
-    import os
-
+    # size: a typer command: 14 options, one per line; the body is 40 lines
     from mlrc.search import run_search
 
     if heartbeat < 1 or (grace is not None and grace <= heartbeat):
@@ -90,30 +94,14 @@ def worker(
     check_artifacts(artifacts)
     check_track(track)
     if per_gpu > 1:
-        if not skip_checks:  # the pre-flight once here, not in every worker
-            from mlrc.config import load_study
-
-            with user_errors():
-                line = preflight(load_study(study_file), quiet)
-            if line:
-                console.print(line, soft_wrap=True, highlight=False)
-        if track is not None:  # by environment, like the storage URL: it may hold a secret
-            os.environ["MLRC_TRACK"] = track
         args = [str(study_file), "--artifacts", str(artifacts), "--device", device, "--skip-checks"]
         args += ["--heartbeat", str(heartbeat)] + (["--grace", str(grace)] if grace else [])
         args += ["--threads", str(threads)] if threads else []  # else each takes its share
         args += (["--trials", str(trials)] if trials else []) + (["--keep", keep] if keep else [])
         args += ["--quiet"] if quiet else []
-        if not mps:
-            raise typer.Exit(packed_workers(per_gpu, args, storage))
-        from mlrc.search.backends.mps import MPSError, mps_daemon
-
-        try:
-            with mps_daemon() as mps_env:
-                code = packed_workers(per_gpu, args, storage, mps_env)
-        except MPSError as e:
-            fail(str(e))
-        raise typer.Exit(code)
+        if not skip_checks:  # the pre-flight once here, not in every worker
+            _preflight_once(study_file, quiet)
+        raise typer.Exit(_start_packed(per_gpu, args, storage, mps, track))
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker {os.getpid()} %(levelname)s %(message)s"
     )
@@ -150,6 +138,32 @@ def worker(
         print_status_by_name(ctx.engine, ctx.name)
 
 
+def _preflight_once(study_file: Path, quiet: bool) -> None:
+    """The study's pre-flight, run by the parent of packed workers (they skip theirs)."""
+    from mlrc.config import load_study
+
+    with user_errors():
+        line = preflight(load_study(study_file), quiet)
+    if line:
+        console.print(line, soft_wrap=True, highlight=False)
+
+
+def _start_packed(n: int, args: list[str], storage: str, mps: bool, track: str | None) -> int:
+    """``--per-gpu N``: N worker processes on one device (under a CUDA MPS daemon started for
+    them with ``--mps``); the first non-zero exit code."""
+    if track is not None:  # by environment, like the storage URL: it may hold a secret
+        os.environ["MLRC_TRACK"] = track
+    if not mps:
+        return packed_workers(n, args, storage)
+    from mlrc.search.backends.mps import MPSError, mps_daemon
+
+    try:
+        with mps_daemon() as mps_env:
+            return packed_workers(n, args, storage, mps_env)
+    except MPSError as e:
+        fail(str(e))
+
+
 def check_mps(device: str, per_gpu: int) -> None:
     """Refuse ``--mps`` (one line, exit 2) before anything starts: without ``--per-gpu N ≥ 2``
     or a CUDA ``--device``, or where ``nvidia-cuda-mps-control`` is not on PATH."""
@@ -171,13 +185,6 @@ def packed_workers(
     """Run ``mlrc worker ARGS`` n times as child processes (the storage URL goes by environment,
     never on a command line; ``extra_env``: the MPS daemon's variables, None to unset one);
     SIGINT/SIGTERM are passed on; returns the first non-zero exit."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from mlrc.cli import debugging
-
     env = {**os.environ, "MLRC_STORAGE": storage, **({"MLRC_DEBUG": "1"} if debugging() else {})}
     for key, value in (extra_env or {}).items():
         if value is None:

@@ -178,38 +178,9 @@ def custom_split(
             raise SplitError(f"the training set needs at least 2 classes, got {len(trainval)}")
         return traditional_split(trainval, sorted(test), origin)
     if val_classes is None:
-        if scheme not in SCHEMES:
-            raise SplitError(f"unknown split scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
-        if n_folds < 2:
-            raise SplitError(f"at least 2 folds are needed, got {n_folds}")
-        if len(trainval) // n_folds < 2:
-            raise SplitError(
-                f"{n_folds} folds need at least {2 * n_folds} train+val classes (2 validation "
-                f"classes per fold); found {len(trainval)}"
-            )
-        folds = _scheme_folds(trainval, n_folds, scheme)
+        folds = _cut_folds(trainval, n_folds, scheme)
     else:
-        vals = [_distinct(f"fold {k}", v, known) for k, v in enumerate(val_classes)]
-        if len(vals) < 2:
-            raise SplitError(f"at least 2 folds are needed, got {len(vals)}")
-        seen: dict[int, str] = dict.fromkeys(test, "the test set")
-        for k, val in enumerate(vals):
-            if len(val) < 2:
-                raise SplitError(
-                    f"fold {k} has {len(val)} validation class(es); every fold needs at least 2"
-                )
-            for c in sorted(val):
-                if c in seen:
-                    raise SplitError(f"class {c} is in fold {k} and in {seen[c]}")
-                seen[c] = f"fold {k}"
-        folds = tuple(
-            Fold(
-                k,
-                tuple(int(c) for c in trainval if int(c) not in val),
-                tuple(sorted(val)),
-            )
-            for k, val in enumerate(vals)
-        )
+        folds = _given_folds(trainval, test, val_classes, known)
         scheme = "given"
     return Split(
         trainval_classes=tuple(int(c) for c in trainval),
@@ -217,6 +188,47 @@ def custom_split(
         folds=folds,
         scheme=scheme,
         origin=origin,
+    )
+
+
+def _cut_folds(trainval: np.ndarray, n_folds: int, scheme: str) -> tuple[Fold, ...]:
+    """``n_folds`` folds cut from the sorted train+val classes by ``scheme``, checked."""
+    if scheme not in SCHEMES:
+        raise SplitError(f"unknown split scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    if n_folds < 2:
+        raise SplitError(f"at least 2 folds are needed, got {n_folds}")
+    if len(trainval) // n_folds < 2:
+        raise SplitError(
+            f"{n_folds} folds need at least {2 * n_folds} train+val classes (2 validation "
+            f"classes per fold); found {len(trainval)}"
+        )
+    return _scheme_folds(trainval, n_folds, scheme)
+
+
+def _given_folds(
+    trainval: np.ndarray,
+    test: set[int],
+    val_classes: Iterable[Iterable[int]],
+    known: set[int],
+) -> tuple[Fold, ...]:
+    """The folds of given validation classes: each fold trains on the other train+val classes;
+    ≥ 2 folds, ≥ 2 validation classes per fold, no class in two places."""
+    vals = [_distinct(f"fold {k}", v, known) for k, v in enumerate(val_classes)]
+    if len(vals) < 2:
+        raise SplitError(f"at least 2 folds are needed, got {len(vals)}")
+    seen: dict[int, str] = dict.fromkeys(test, "the test set")
+    for k, val in enumerate(vals):
+        if len(val) < 2:
+            raise SplitError(
+                f"fold {k} has {len(val)} validation class(es); every fold needs at least 2"
+            )
+        for c in sorted(val):
+            if c in seen:
+                raise SplitError(f"class {c} is in fold {k} and in {seen[c]}")
+            seen[c] = f"fold {k}"
+    return tuple(
+        Fold(k, tuple(int(c) for c in trainval if int(c) not in val), tuple(sorted(val)))
+        for k, val in enumerate(vals)
     )
 
 

@@ -215,7 +215,9 @@ def submit(
 ) -> list[str]:
     """Submit ``workers`` Slurm jobs (one array of ``workers`` tasks with ``array``) running
     :class:`WorkerJob`; record their ids in ``jobs.json``; return them. ``mps``: each job
-    starts a CUDA MPS daemon before its workers and stops it after them (:mod:`mlrc.search.backends.mps`)."""
+    starts a CUDA MPS daemon before its workers and stops it after them
+    (:mod:`mlrc.search.backends.mps`)."""
+    # size: 18 keyword parameters, one per sbatch option; the body is 40 lines
     import submitit
 
     from mlrc import store
