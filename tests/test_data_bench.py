@@ -17,13 +17,12 @@ from mlrc.cli import app
 from mlrc.config import load_preset
 from mlrc.data.transforms import to_trunk_input
 from mlrc.train.embed import View
+from mlrc.train.gpu_demand import GPU_ESTIMATES, gpu_demand
 from mlrc.train.setup import fold_inputs
 from mlrc.train.throughput import (
-    GPU_ESTIMATES,
     CacheTiming,
     Rate,
     Throughput,
-    gpu_demand,
     measure,
     plain_eval_transform,
     plain_train_transform,

@@ -19,7 +19,8 @@ from torchvision.transforms import functional as F
 from mlrc import data
 from mlrc.data import cache
 from mlrc.data.base import DatasetError, ImageDataset
-from mlrc.data.cache import decoded_cache, estimate_cache_bytes, eval_crops
+from mlrc.data.cache import decoded_cache, eval_crops
+from mlrc.data.estimate import estimate_cache_bytes
 from mlrc.data.transforms import (
     ArrayToUint8Input,
     CachedTrainTransform,

@@ -124,7 +124,8 @@ def data_summary(
 def _cache_line(ds: data.ImageDataset, p: Preset, name: str) -> str:
     """One line: the bytes of ``ds``'s decoded cache + evaluation crops at the preset's image
     size, where they go, the free disk there."""
-    from mlrc.data.cache import default_cache_dir, estimate_cache_bytes, free_bytes, size_text
+    from mlrc.data.cache import default_cache_dir, free_bytes, size_text
+    from mlrc.data.estimate import estimate_cache_bytes
 
     im = p.image
     try:

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import io
 import os
 import re
 import shutil
@@ -60,7 +59,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -74,6 +72,7 @@ from tqdm.auto import tqdm
 
 from mlrc import paths
 from mlrc.data.base import DatasetError, ImageDataset, Source
+from mlrc.data.estimate import estimate_cache_bytes, index_bytes
 from mlrc.errors import alive
 
 R = TypeVar("R")  # what ordered_map's function returns
@@ -159,7 +158,7 @@ def eval_crops(
         cache_paths(Path(cache_dir), f"{ds.name}-eval", resize, key, crop),
         len(ds),
         lambda i: np.asarray(cropper(pil_image(ds, i))),
-        lambda: len(ds) * crop * crop * 3 + _index_bytes(len(ds)),
+        lambda: len(ds) * crop * crop * 3 + index_bytes(len(ds)),
         f"cropping {ds.name} (resize {resize}, crop {crop})",
         progress,
         workers,
@@ -269,53 +268,6 @@ class EvalCropsDataset(CachedImageDataset):
         self.crop = crop
 
 
-@dataclass(frozen=True)
-class CacheEstimate:
-    """Bytes on disk of a dataset's decoded cache and evaluation crops (files, index included)."""
-
-    decoded: int
-    eval_crops: int
-
-    @property
-    def total(self) -> int:
-        return self.decoded + self.eval_crops
-
-
-def estimate_cache_bytes(ds: ImageDataset, resize: int, crop: int | None = None) -> CacheEstimate:
-    """What :func:`decoded_cache` at ``resize`` and :func:`eval_crops` at (``resize``, ``crop``)
-    write for ``ds``, from image headers only (no pixel decoded; arrays by their shape):
-    ``H' · W' · 3`` per image, ``(H', W')`` the size ``Resize(resize)`` gives (shorter edge
-    ``resize``, longer ``⌊resize · long / short⌋``: ≈ ``resize² · aspect · 3``), plus
-    ``crop² · 3`` per image (0 without ``crop``). An unreadable header is a ``DatasetError``."""
-    decoded = sum(resize * long * 3 for long in resized_long_edges(ds, resize))
-    crops = len(ds) * crop * crop * 3 + _index_bytes(len(ds)) if crop else 0
-    return CacheEstimate(decoded + _index_bytes(len(ds)), crops)
-
-
-def resized_long_edges(ds: ImageDataset, resize: int) -> list[int]:
-    """The longer edge of each image after ``Resize(resize)`` (torchvision's sizes: shorter edge
-    ``resize``, longer ``⌊resize · long / short⌋``), from the image headers (arrays: shapes)."""
-    edges = []
-    for source, origin in zip(ds.sources, ds.origins, strict=True):
-        w, h = image_size(source, origin)
-        edges.append(int(resize * max(w, h) / min(w, h)))
-    return edges
-
-
-def image_size(source: Source, origin: str) -> tuple[int, int]:
-    """(width, height) of one image from its header (arrays: their shape)."""
-    if isinstance(source, np.ndarray):
-        return int(source.shape[1]), int(source.shape[0])
-    fp = io.BytesIO(source) if isinstance(source, bytes) else source
-    try:
-        with Image.open(fp) as im:
-            return im.size
-    except FileNotFoundError:
-        raise DatasetError(f"{origin}: image file is missing") from None
-    except (OSError, ValueError, SyntaxError) as e:
-        raise DatasetError(f"{origin}: unreadable or corrupt image ({e})") from None
-
-
 def free_bytes(folder: Path) -> int:
     """Free bytes on the disk that holds (or would hold) ``folder``."""
     folder = Path(folder).absolute()
@@ -339,10 +291,6 @@ def check_room(folder: Path, needed: int) -> None:
 def size_text(n: int) -> str:
     """``n`` bytes as people read them: ``3.1 GiB``, ``12 MiB``."""
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
-
-
-def _index_bytes(n: int) -> int:
-    return 128 + n * 3 * 8  # an .npy header and int64 (n, 3)
 
 
 def cache_key(ds: ImageDataset, resize: int) -> str:

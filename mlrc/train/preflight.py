@@ -28,7 +28,7 @@ it). Each problem is one line naming the file or the class, and which half or fo
 
 4. **Disk for the decoded cache** (a preset with ``decoded_cache``): when the study's decoded
    cache is not built yet, the bytes it and the evaluation crops will take (from the image
-   headers, :func:`mlrc.data.cache.estimate_cache_bytes`) must fit on ``$MLRC_CACHE``'s disk
+   headers, :func:`mlrc.data.estimate.estimate_cache_bytes`) must fit on ``$MLRC_CACHE``'s disk
    with a margin (:func:`mlrc.data.cache.check_room`), or the study is refused in one line
    before the first fold would stop on it.
 
@@ -119,13 +119,8 @@ def preflight(resolved: ResolvedStudy, progress: bool = True) -> Preflight:
 def check_cache_room(resolved: ResolvedStudy, ds: ImageDataset) -> None:
     """With the preset's ``decoded_cache``, a cache not built yet must fit on its disk (see the
     module docstring); ``DatasetError`` naming the study, the size and the free space."""
-    from mlrc.data.cache import (
-        cache_key,
-        cache_paths,
-        check_room,
-        default_cache_dir,
-        estimate_cache_bytes,
-    )
+    from mlrc.data.cache import cache_key, cache_paths, check_room, default_cache_dir
+    from mlrc.data.estimate import estimate_cache_bytes
 
     im = resolved.preset.image
     if not resolved.preset.decoded_cache or im.resize is None:

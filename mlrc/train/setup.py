@@ -21,8 +21,8 @@ from mlrc.data.cache import (
     decoded_cache,
     default_cache_dir,
     eval_crops,
-    resized_long_edges,
 )
+from mlrc.data.estimate import resized_long_edges
 from mlrc.data.transforms import (
     ArrayToUint8Input,
     DeviceCropTransform,
