@@ -206,12 +206,12 @@ def clustered():
     return x, y
 
 
-def test_metrics_of_tensors_equal_those_of_numpy_arrays(clustered, monkeypatch):
+def test_metrics_of_tensors_equal_those_of_numpy_arrays(clustered):
     x, y = clustered
     want = retrieval_metrics(x, y)
     assert retrieval_metrics(torch.from_numpy(x), torch.from_numpy(y)) == want
-    monkeypatch.setattr(knn, "_NUMPY_ON_CPU", False)  # the torch path (GPUs), here on CPU
-    assert retrieval_metrics(torch.from_numpy(x), torch.from_numpy(y), device="cpu") == want
+    with knn.tuned(cpu_backend="torch"):  # the torch path (GPUs), here on CPU
+        assert retrieval_metrics(torch.from_numpy(x), torch.from_numpy(y), device="cpu") == want
     got = [want[k] for k in ("map_at_r", "precision_at_1", "r_precision")]
     assert got == pytest.approx(naive_metrics(x, y), abs=1e-12)
 
@@ -244,10 +244,10 @@ def test_the_knn_forces_full_fp32_matmuls_and_restores_the_caller_s_setting(
         )
         return original(a, b)
 
-    monkeypatch.setattr(knn, "_NUMPY_ON_CPU", False)  # the torch path, as on a GPU
     monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
     torch.set_float32_matmul_precision(outside)
-    m = retrieval_metrics(torch.from_numpy(x), torch.from_numpy(y), device="cpu")
+    with knn.tuned(cpu_backend="torch"):  # the torch path, as on a GPU
+        m = retrieval_metrics(torch.from_numpy(x), torch.from_numpy(y), device="cpu")
     monkeypatch.setattr(torch.Tensor, "__matmul__", original)
     assert under and set(under) == {("ieee", "ieee")}  # every k-NN matmul ran in full fp32
     assert torch.get_float32_matmul_precision() == outside  # the caller's setting is back

@@ -148,22 +148,22 @@ TIE_HEAVY = (
 )
 
 
-def metrics_on_both_paths(monkeypatch, x, y, normalize):
+def metrics_on_both_paths(x, y, normalize):
     """retrieval_metrics on the CPU (numpy) path and on the torch path (the one CUDA uses)."""
-    monkeypatch.setattr(K, "_NUMPY_ON_CPU", True)
-    cpu = retrieval_metrics(x, y, normalize=normalize)
-    monkeypatch.setattr(K, "_NUMPY_ON_CPU", False)
-    return cpu, retrieval_metrics(x, y, normalize=normalize)
+    with K.tuned(cpu_backend="numpy"):
+        cpu = retrieval_metrics(x, y, normalize=normalize)
+    with K.tuned(cpu_backend="torch"):
+        return cpu, retrieval_metrics(x, y, normalize=normalize)
 
 
 @pytest.mark.parametrize("normalize", [True, False])
 @pytest.mark.parametrize("name", TIE_HEAVY)
-def test_tie_heavy_sets_equal_the_plain_loop_on_both_paths(monkeypatch, name, normalize):
+def test_tie_heavy_sets_equal_the_plain_loop_on_both_paths(name, normalize):
     """Collinear vectors of different norms, duplicates, integer embeddings, identical and
     collapsed sets, zero rows: both paths give the plain float64 loop's values (ties to the
     lower index) to 1e-12, and exactly the same numbers as each other."""
     x, y = tie_heavy(name)
-    cpu, torch_path = metrics_on_both_paths(monkeypatch, x, y, normalize)
+    cpu, torch_path = metrics_on_both_paths(x, y, normalize)
     want = naive_metrics(x, y, normalize)
     for k in M.METRICS:
         assert cpu[k] == pytest.approx(want[k], abs=1e-12)
@@ -199,14 +199,13 @@ def test_tie_heavy_sets_tell_a_wrong_ranking_apart(name, normalize, wrong):
     assert max(abs(other[k] - want[k]) for k in M.METRICS) > 1e-6
 
 
-def test_another_summation_order_is_caught(monkeypatch):
+def test_another_summation_order_is_caught():
     """The comparison with the plain loop sees the last bits: summing norms and distances in
-    another order (right to left here; BLAS, numpy's pairwise sum and GPU reductions each
-    have their own) reorders near-ties of integer embeddings, and the values move."""
+    another order (right to left here, as the search sums the same rows with their columns
+    reversed; BLAS, numpy's pairwise sum and GPU reductions each have their own) reorders
+    near-ties of integer embeddings, and the values move."""
     x, y = tie_heavy("integer-valued")
-    left_to_right = K._sum_rows_left_to_right
-    monkeypatch.setattr(K, "_sum_rows_left_to_right", lambda a: left_to_right(np.flip(a, 1)))
-    got, want = retrieval_metrics(x, y), naive_metrics(x, y)
+    got, want = retrieval_metrics(np.flip(x, 1), y), naive_metrics(x, y)
     assert max(abs(got[k] - want[k]) for k in M.METRICS) > 1e-6
 
 
@@ -233,16 +232,16 @@ def test_the_plain_loop_is_a_plain_loop():
 
 
 @pytest.mark.parametrize("torch_path", [False, True])
-def test_zero_rows_stay_zero_and_tie_by_index(monkeypatch, torch_path):
+def test_zero_rows_stay_zero_and_tie_by_index(torch_path):
     """A zero row stays zero: squared distance 1 from every unit row, 0 from other zero rows.
     Items 0, 2 zero; 1, 3 along e1; 4 along e2; labels A B B A B. By hand (ties to the lower
     index): q0 → 2 (R = 1, miss); q1 → 3, 0 (R = 2, none); q2 → 0, 1 (R = 2, rank 2 hit:
     AP 1/4); q3 → 1 (R = 1, miss); q4 → 0, 2 (tie at distance 1; R = 2, rank 2 hit: AP 1/4;
     ties to the higher index would give 2, 0: AP 1/2, P@1 1)."""
-    monkeypatch.setattr(K, "_NUMPY_ON_CPU", not torch_path)
     x = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [2.0, 0.0], [0.0, 3.0]], np.float32)
     y = np.array([0, 1, 1, 0, 1])
-    got = retrieval_metrics(x, y)
+    with K.tuned(cpu_backend="torch" if torch_path else "numpy"):
+        got = retrieval_metrics(x, y)
     assert got == {"map_at_r": 0.1, "precision_at_1": 0.0, "r_precision": 0.2, "num_queries": 5}
     assert K.ranked_vectors(torch.from_numpy(x))[[0, 2]].abs().sum() == 0
 
@@ -262,62 +261,55 @@ def test_normalisation_is_exact_for_any_scale():
 
 @pytest.mark.parametrize("torch_path", [False, True])
 @pytest.mark.parametrize("kind", ["identical", "collapsed"])
-def test_tie_heavy_sets_cost_about_n_exact_distances(monkeypatch, torch_path, kind):
+def test_tie_heavy_sets_cost_about_n_exact_distances(torch_path, kind):
     """3,000 identical or collapsed (1e-6) embeddings in 60 classes (k ≈ 70 neighbours a
     query): identical rows are scored once per distinct vector, collapsed ones separated in
     float32, so the exact distances number O(n·k) at most (the torch path scores its k + 8
     candidates), far from the n² = 9,000,000 of a per-query fallback."""
-    monkeypatch.setattr(K, "_NUMPY_ON_CPU", not torch_path)
     rng = np.random.default_rng(3)
     x = np.repeat(rng.standard_normal((1, 32)), 3000, axis=0)
     if kind == "collapsed":
         x = x + 1e-6 * rng.standard_normal(x.shape)
     x, y = x.astype(np.float32), rng.integers(0, 60, 3000)
-    exact = spy(monkeypatch, "_pair_scores")
-    got, want = retrieval_metrics(x, y), naive_metrics(x, y)
-    assert sum(len(c[1]) for c in exact) < 100 * len(x)
+    backend = "torch" if torch_path else "numpy"
+    with K.tuned(cpu_backend=backend), K.count_work() as work:
+        got = retrieval_metrics(x, y)
+    want = naive_metrics(x, y)
+    assert work.exact_pairs < 100 * len(x)
     for k in M.METRICS:
         assert got[k] == pytest.approx(want[k], abs=1e-12)
 
 
-def spy(monkeypatch, name: str) -> list[tuple]:
-    """Record the arguments of every call to knn.<name>."""
-    calls: list[tuple] = []
-    original = getattr(K, name)
-    monkeypatch.setattr(K, name, lambda *a: calls.append(a) or original(*a))
-    return calls
-
-
 @pytest.fixture
-def torch_path(monkeypatch):
+def torch_path():
     """Run retrieval_metrics's torch path (the one used on CUDA) on CPU."""
-    monkeypatch.setattr(K, "_NUMPY_ON_CPU", False)
+    with K.tuned(cpu_backend="torch"):
+        yield
 
 
 @pytest.fixture
-def small_tiles(monkeypatch):
+def small_tiles():
     """Several tiles, strips and pool prunings even on a few hundred items."""
-    monkeypatch.setattr(K, "_DENSE_PER_CANDIDATE", 0)
-    monkeypatch.setattr(K, "_TILE", 64)
-    monkeypatch.setattr(K, "_STRIP", 16)
-    monkeypatch.setattr(K, "_POOL_SLACK", 8)
+    with K.tuned(dense_per_candidate=0, tile=64, strip=16, pool_slack=8):
+        yield
 
 
-def test_collapsed_embeddings_are_certified_in_float32(monkeypatch):
+def test_collapsed_embeddings_are_certified_in_float32():
     """Nearly collinear embeddings: float32 scores relative to the mean vector still separate
     them, so no query needs the exact fallback and few pairs need an exact distance."""
     rng = np.random.default_rng(0)
     y = rng.integers(0, 40, 600)
     x = (np.ones(64) + 1e-4 * rng.standard_normal((600, 64))).astype(np.float32)
-    fallback, exact = spy(monkeypatch, "_rank_exactly"), spy(monkeypatch, "_pair_scores")
-    got, want = retrieval_metrics(x, y), naive_metrics(x, y)
-    assert sum(len(c[1]) for c in fallback) == 0
-    assert sum(len(c[1]) for c in exact) < 2 * len(x)
+    with K.count_work() as work:
+        got = retrieval_metrics(x, y)
+    want = naive_metrics(x, y)
+    assert work.ranked_exactly == 0
+    assert work.exact_pairs < 2 * len(x)
     for k in M.METRICS:
         assert got[k] == pytest.approx(want[k], abs=1e-12)
 
 
-def test_nearly_collapsed_embeddings_use_every_certificate(monkeypatch):
+def test_nearly_collapsed_embeddings_use_every_certificate():
     """Two antipodal clusters of near-copies (the mean is ~0, so float32 scores are not
     centred) tie at the float32 resolution: some queries are certified from float32 alone,
     some after exact distances of their candidates, some only with 4× more candidates."""
@@ -325,10 +317,11 @@ def test_nearly_collapsed_embeddings_use_every_certificate(monkeypatch):
     y = rng.integers(0, 40, 600)
     sign = np.where(rng.random(600) < 0.5, 1.0, -1.0)[:, None]
     x = (sign * np.ones(8) + 1e-2 * rng.standard_normal((600, 8))).astype(np.float32)
-    certify, wider = spy(monkeypatch, "_certify"), spy(monkeypatch, "_certify_wider")
-    got, want = retrieval_metrics(x, y), naive_metrics(x, y)
-    retried = sum(len(c[1]) for c in wider)
-    rescored = sum(len(c[1]) for c in certify) - retried  # _certify_wider calls _certify
+    with K.count_work() as work:
+        got = retrieval_metrics(x, y)
+    want = naive_metrics(x, y)
+    retried = work.widened
+    rescored = work.rescored - retried  # the retries are rescored too
     assert 0 < retried < rescored < int((np.bincount(y)[y] > 1).sum())
     for k in M.METRICS:
         assert got[k] == pytest.approx(want[k], abs=1e-12)
@@ -357,56 +350,60 @@ def clustered_with_copies(copies: int, groups: int) -> tuple[np.ndarray, np.ndar
 @pytest.mark.parametrize("normalize", [True, False])
 @pytest.mark.parametrize(
     ("copies", "groups", "path"),
-    [(20, 4, "_certify_wider"), (250, 2, "_rank_exactly")],
+    [(20, 4, "widened"), (250, 2, "ranked_exactly")],
 )
-def test_exact_ties_go_to_the_lower_index(monkeypatch, normalize, copies, groups, path):
+def test_exact_ties_go_to_the_lower_index(normalize, copies, groups, path):
     """More exact copies than R + 4 candidates: ties at the boundary cannot be certified; those
     queries get 4× more candidates, or (more copies still) are ranked exactly, and every tie
     goes to the lower index."""
     x, y = clustered_with_copies(copies, groups)
-    calls = spy(monkeypatch, path)
-    got, want = retrieval_metrics(x, y, normalize=normalize), naive_metrics(x, y, normalize)
-    assert 0 < sum(len(c[1]) for c in calls) < len(x)
+    with K.count_work() as work:
+        got = retrieval_metrics(x, y, normalize=normalize)
+    want = naive_metrics(x, y, normalize)
+    assert 0 < getattr(work, path) < len(x)
     for k in M.METRICS:
         assert got[k] == pytest.approx(want[k], abs=1e-12)
 
 
 @pytest.mark.parametrize("torch_path", [False, True])
-def test_mostly_duplicated_rows_are_ranked_exactly_at_once(monkeypatch, torch_path):
+def test_mostly_duplicated_rows_are_ranked_exactly_at_once(torch_path):
     """At most a quarter of the rows distinct: no float32 search, every query ranked exactly
     at once, each distinct vector scored once against each distinct vector."""
-    monkeypatch.setattr(K, "_NUMPY_ON_CPU", not torch_path)
     x, y = exact_copies(120, 60, 4)
-    top, exact = spy(monkeypatch, "_exact_top"), spy(monkeypatch, "_pair_scores")
-    got, want = retrieval_metrics(x, y), naive_metrics(x, y)
-    assert sum(len(c[1]) for c in top) == len(x)
-    assert sum(len(c[1]) for c in exact) <= 4 * 4
+    backend = "torch" if torch_path else "numpy"
+    with K.tuned(cpu_backend=backend), K.count_work() as work:
+        got = retrieval_metrics(x, y)
+    want = naive_metrics(x, y)
+    assert work.ranked_exactly == len(x)
+    assert work.exact_pairs <= 4 * 4
     for k in M.METRICS:
         assert got[k] == pytest.approx(want[k], abs=1e-12)
 
 
-def test_near_ties_inside_the_top_r_are_resorted_in_float64(monkeypatch):
+def test_near_ties_inside_the_top_r_are_resorted_in_float64():
     """Duplicated items tie in float32 inside the top R while the boundary is clear: the fast
     certificate re-scores just those runs in float64 (ties by index), no full ranking needed."""
     x, y = clustered(40, 32, 4, spread=0.3, singletons=0)
     x, y = np.concatenate([x, x[::3]]), np.concatenate([y, y[::3]])  # a copy of every third
-    pairs, full = spy(monkeypatch, "_pair_scores"), spy(monkeypatch, "_rank_exactly")
-    got, want = retrieval_metrics(x, y), naive_metrics(x, y)
-    assert sum(len(c[1]) for c in pairs) > 0
-    assert sum(len(c[1]) for c in full) == 0
+    with K.count_work() as work:
+        got = retrieval_metrics(x, y)
+    want = naive_metrics(x, y)
+    assert work.exact_pairs > 0
+    assert work.ranked_exactly == 0
     for k in M.METRICS:
         assert got[k] == pytest.approx(want[k], abs=1e-12)
 
 
 @pytest.mark.parametrize("normalize", [True, False])
-def test_many_tiles_strips_and_prunings_give_the_naive_values(small_tiles, monkeypatch, normalize):
+def test_many_tiles_strips_and_prunings_give_the_naive_values(small_tiles, normalize):
     """Upper-triangle tiles (each feeding its rows and its columns), a short last block, pools
     pruned all the time: the same values as the naive loop."""
     x, y = clustered(25, 24, 9, spread=1.2)  # ~350 items: 6 blocks of 64, the last one short
     x *= np.random.default_rng(1).uniform(0.5, 2.0, (len(x), 1)).astype(np.float32)
-    prunes = spy(monkeypatch, "_certified_top_k")
-    got, want = retrieval_metrics(x, y, normalize=normalize), naive_metrics(x, y, normalize)
-    assert len(prunes) == -(-len(x) // 64)
+    with K.count_work() as work:
+        got = retrieval_metrics(x, y, normalize=normalize)
+    want = naive_metrics(x, y, normalize)
+    assert work.certified_blocks == -(-len(x) // 64)
     for k in M.METRICS:
         assert got[k] == pytest.approx(want[k], abs=1e-12)
 
@@ -420,25 +417,24 @@ def test_float32_overflow_ranks_everything_in_float64():
         assert got[k] == pytest.approx(want[k], abs=1e-12)
 
 
-def test_torch_path_ties_at_the_candidate_boundary_fall_back_to_the_exact_ranking(
-    torch_path, monkeypatch
-):
+def test_torch_path_ties_at_the_candidate_boundary_fall_back_to_the_exact_ranking(torch_path):
     """The torch path (CUDA): ties at the boundary of the float32 candidates cannot be
     certified, even with 4× more, so those queries are ranked exactly (ties by index)."""
     x, y = clustered_with_copies(250, 2)
-    calls = spy(monkeypatch, "_exact_top")
-    got, want = retrieval_metrics(x, y), naive_metrics(x, y)
-    assert 0 < sum(len(c[1]) for c in calls) < len(x)
+    with K.count_work() as work:
+        got = retrieval_metrics(x, y)
+    want = naive_metrics(x, y)
+    assert 0 < work.ranked_exactly < len(x)
     for k in M.METRICS:
         assert got[k] == pytest.approx(want[k], abs=1e-12)
 
 
 @pytest.mark.parametrize("normalize", [True, False])
-def test_torch_path_equals_the_numpy_path(torch_path, monkeypatch, normalize):
+def test_torch_path_equals_the_numpy_path(torch_path, normalize):
     x, y = clustered(30, 48, 6)
     got = retrieval_metrics(x, y, normalize=normalize)
-    monkeypatch.setattr(K, "_NUMPY_ON_CPU", True)
-    assert got == pytest.approx(retrieval_metrics(x, y, normalize=normalize), abs=1e-12)
+    with K.tuned(cpu_backend="numpy"):
+        assert got == pytest.approx(retrieval_metrics(x, y, normalize=normalize), abs=1e-12)
 
 
 def test_unnormalised_ranks_by_euclidean_distance():
@@ -479,17 +475,17 @@ def test_against_pml_on_several_tiles():
     )
     ref = calc.get_accuracy(torch.nn.functional.normalize(torch.from_numpy(x)), torch.from_numpy(y))
     got = retrieval_metrics(x, y)
-    assert len(x) > K._TILE and 0.05 < got["map_at_r"] < 0.95
+    assert len(x) > K.current_tuning().tile and 0.05 < got["map_at_r"] < 0.95
     assert got["map_at_r"] == pytest.approx(ref["mean_average_precision_at_r"], abs=1e-6)
     assert got["precision_at_1"] == pytest.approx(ref["precision_at_1"], abs=1e-6)
     assert got["r_precision"] == pytest.approx(ref["r_precision"], abs=1e-6)
 
 
-def test_torch_path_blocked_computation_equals_one_block(torch_path, monkeypatch):
+def test_torch_path_blocked_computation_equals_one_block(torch_path):
     x, y = clustered(40, 32, 3)
     whole = retrieval_metrics(x, y)
-    monkeypatch.setattr(K, "_BLOCK_BYTES", 4 * len(x) * 37)  # 37 queries per block
-    assert retrieval_metrics(x, y) == pytest.approx(whole, abs=1e-12)
+    with K.tuned(block_bytes=4 * len(x) * 37):  # 37 queries per block
+        assert retrieval_metrics(x, y) == pytest.approx(whole, abs=1e-12)
 
 
 def test_lone_queries_are_excluded_and_duplicates_of_self_count():
