@@ -20,7 +20,7 @@ from mlrc.cli import app
 from mlrc.config import load_preset
 from mlrc.data.transforms import eval_transform
 from mlrc.methods import losses
-from mlrc.models.trunks import TRUNKS
+from mlrc.models import TRUNKS
 from mlrc.protocol import mlrc_split
 from mlrc.search import optuna_setup
 from mlrc.search.backends import local
