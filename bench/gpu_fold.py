@@ -309,7 +309,7 @@ def upper_bound(prof: Profile, device: str, busy: BusySampler | None) -> tuple[f
     """img/s (and GPU busy %) of the fold's model, loss and optimiser on one synthetic batch
     already on the device: forward, loss, backward, step; synchronised at both ends."""
     from mlrc.methods import losses
-    from mlrc.models.trunks import freeze_batchnorm
+    from mlrc.models.freezing import freeze_batchnorm
     from mlrc.train import build_model
 
     preset = fold_preset(prof, 1, 1)

@@ -21,7 +21,7 @@ from mlrc.config import load_preset
 from mlrc.config.identity import code_version, derive_seed
 from mlrc.data.transforms import eval_transform
 from mlrc.methods import losses
-from mlrc.models.trunks import TRUNKS
+from mlrc.models import TRUNKS
 from mlrc.protocol import mlrc_split
 from mlrc.search import optuna_setup
 from mlrc.search.backends import local

@@ -13,7 +13,9 @@ from conftest import train_tiny_fold
 import mlrc.methods.strategies.metrix as metrix  # registers "metrix"
 from mlrc.config import load_preset, load_study
 from mlrc.methods import losses, strategies
-from mlrc.models.trunks import BNInception, ResNet50Trunk, SmallCNN
+from mlrc.models.bninception import BNInception
+from mlrc.models.resnet import ResNet50Trunk
+from mlrc.models.small import SmallCNN
 from mlrc.protocol import mlrc_split
 from mlrc.train import Model, build_model
 

@@ -18,7 +18,7 @@ import pytest
 from mlrc import paths
 from mlrc.cli import traceback_folder
 from mlrc.data import cache, download, verify
-from mlrc.models import trunks
+from mlrc.models import weights
 from mlrc.train import threads
 
 # every folder function, mlrc.paths' own and the public names that delegate to it, with the
@@ -32,7 +32,7 @@ FOLDERS: dict[str, tuple[Callable[[], Path], str]] = {
     "paths.workers_dir": (paths.workers_dir, "workers"),
     "paths.logs_dir": (paths.logs_dir, "logs"),
     "download.cache_dir": (download.cache_dir, "."),
-    "trunks.weights_cache_dir": (trunks.weights_cache_dir, "weights"),
+    "weights.weights_cache_dir": (weights.weights_cache_dir, "weights"),
     "cache.default_cache_dir": (cache.default_cache_dir, "decoded"),
     "verify.checked_dir": (verify.checked_dir, "checked"),
     "threads.lock_dir": (threads.lock_dir, "workers"),
@@ -99,7 +99,7 @@ def test_empty_cache_variable_keeps_weights_and_decoded_images_together(
     ~/.cache/mlrc/weights. Now both (and every other folder) sit under ~/.cache/mlrc."""
     pinned("")
     home_cache = base / "home" / ".cache" / "mlrc"
-    assert trunks.weights_cache_dir().parent == cache.default_cache_dir().parent == home_cache
+    assert weights.weights_cache_dir().parent == cache.default_cache_dir().parent == home_cache
     assert download.cache_dir() == verify.checked_dir().parent == traceback_folder().parent
     assert download.cache_dir() == threads.lock_dir().parent == home_cache
     assert not any(f().is_relative_to(base / "cwd") for f, _ in FOLDERS.values())

@@ -15,7 +15,7 @@ from mlrc.cli import app
 from mlrc.config.plugins import PLUGIN_KINDS, plugin_records
 from mlrc.data import DATASETS
 from mlrc.methods import losses, miners, samplers, strategies
-from mlrc.models.trunks import TRUNKS
+from mlrc.models import TRUNKS
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}

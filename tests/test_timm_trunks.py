@@ -15,14 +15,10 @@ from conftest import train_tiny_fold
 from safetensors.torch import save_file
 
 from mlrc.config import ConfigError, StudyConfig, load_preset, resolve
-from mlrc.models.timm_trunk import (
-    TimmTrunk,
-    build_timm_trunk,
-    freeze_layernorm,
-    load_timm_weights,
-    timm_defaults,
-)
-from mlrc.models.trunks import TRUNKS, freeze_batchnorm
+from mlrc.models import TRUNKS
+from mlrc.models.freezing import freeze_batchnorm, freeze_layernorm
+from mlrc.models.timm_trunks import TimmTrunk, build_timm_trunk, timm_defaults
+from mlrc.models.weights import load_timm_weights
 from mlrc.registry import RegistryError
 from mlrc.train.model import build_model
 

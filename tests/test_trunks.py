@@ -18,15 +18,12 @@ import torchvision
 from conftest import require
 from torch import nn
 
-from mlrc.models.trunks import (
-    TRUNKS,
-    BNInception,
-    Embedder,
-    SmallCNN,
-    freeze_batchnorm,
-    load_weights,
-    weights_cache_dir,
-)
+from mlrc.models import TRUNKS
+from mlrc.models.bninception import BNInception
+from mlrc.models.embedder import Embedder
+from mlrc.models.freezing import freeze_batchnorm
+from mlrc.models.small import SmallCNN
+from mlrc.models.weights import load_weights, weights_cache_dir
 from mlrc.registry import RegistryError
 
 HAVE_PRETRAINEDMODELS = importlib.util.find_spec("pretrainedmodels") is not None

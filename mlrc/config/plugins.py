@@ -178,7 +178,7 @@ def plugin_records(kind: str | None = None) -> list[PluginRecord]:
 def _registry(kind: str) -> Any:
     """The registry of ``kind`` (imported here: reading one loads its built-ins)."""
     if kind == "trunk":
-        from mlrc.models.trunks import TRUNKS
+        from mlrc.models import TRUNKS
 
         return TRUNKS
     if kind == "dataset":

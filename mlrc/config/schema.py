@@ -317,7 +317,7 @@ class Preset(Strict):
                     "takes true, false or a path"
                 )
         else:
-            from mlrc.models.timm_trunk import timm_defaults  # noqa: PLC0415 - imports timm
+            from mlrc.models.timm_trunks import timm_defaults  # noqa: PLC0415 - imports timm
 
             try:  # checks the name too, with suggestions
                 own = timm_defaults(timm_name)

@@ -57,7 +57,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mlrc.data.transforms import batch_to_trunk_input
-from mlrc.models.trunks import freeze_batchnorm
+from mlrc.models.freezing import freeze_batchnorm
 from mlrc.protocol import retrieval_metrics
 from mlrc.train.checkpoint import (
     CheckpointWriter,

@@ -7,8 +7,9 @@ from pathlib import Path
 import torch
 
 from mlrc.config import Preset
-from mlrc.models.timm_trunk import freeze_layernorm
-from mlrc.models.trunks import TRUNKS, Embedder
+from mlrc.models import TRUNKS
+from mlrc.models.embedder import Embedder
+from mlrc.models.freezing import freeze_layernorm
 
 
 class Model(torch.nn.Module):

@@ -17,7 +17,7 @@ it). Each problem is one line naming the file or the class, and which half or fo
      at least a batch of training images.
 
 2. **Weights**: the trunk's ``pretrained`` is resolved as a fold would resolve it
-   (:func:`mlrc.models.trunks.check_weights`: the file found, downloaded first for ``true`` when
+   (:func:`mlrc.models.weights.check_weights`: the file found, downloaded first for ``true`` when
    not cached, read, its names and shapes matched), without building the trunk's parameters.
 
 3. **Images**: every image of both halves (train+val and test) is decoded once
@@ -91,7 +91,7 @@ def preflight(resolved: ResolvedStudy, progress: bool = True) -> Preflight:
     """Check the study's dataset, split and weights (see the module docstring); a one-line
     ``DatasetError`` (images, class sizes), ``ConfigError`` (weights, the split file) or
     ``SplitError`` for the first problem. ``progress``: a bar while decoding many images."""
-    from mlrc.models.trunks import check_weights
+    from mlrc.models.weights import check_weights
 
     t0 = time.monotonic()
     study, preset = resolved.study, resolved.preset

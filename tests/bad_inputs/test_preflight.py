@@ -243,19 +243,20 @@ def test_weights_that_fit_pass_and_nothing_is_built(tmp_path, monkeypatch):
     (a trunk built on the CPU would have real parameters)."""
     import torch
 
-    from mlrc.models import trunks
-    from mlrc.models.trunks import BNInception, check_weights
+    from mlrc.models import bninception
+    from mlrc.models.bninception import BNInception
+    from mlrc.models.weights import check_weights
 
     good = tmp_path / "bninception.pth"
     torch.save(BNInception().state_dict(), good)
     built = []
-    real = trunks.load_weights
+    real = bninception.load_weights
 
     def spy(module, *args, **kwargs):
         built.append(next(module.parameters()).device.type)
         return real(module, *args, **kwargs)
 
-    monkeypatch.setattr(trunks, "load_weights", spy)
+    monkeypatch.setattr(bninception, "load_weights", spy)
     check_weights("bninception", str(good))
     assert built == ["meta", "meta"]  # the trunk without weights, then with the file's
 

@@ -191,7 +191,7 @@ def test_a_weights_file_that_would_run_code_is_refused(tmp_path):
     import torch
     from torch import nn
 
-    from mlrc.models.trunks import load_weights
+    from mlrc.models.weights import load_weights
 
     marker, weights = tmp_path / "ran", tmp_path / "evil.pth"
     torch.save({"weight": _RunsCode(marker)}, weights)
@@ -323,7 +323,7 @@ def test_other_spellings_of_a_password_are_hidden_too(role_url, spelling):
 DB_URL_NAMES = {"storage", "url", "db_url", "database_url"}
 LOGGED = {"debug", "info", "warning", "error", "exception", "print", "echo"}
 # ``url`` there is a public download URL (datasets, trunk weights), not a database's
-NOT_DB_URLS = {"mlrc.data.download", "mlrc.models.trunks", "mlrc.models.timm_trunk"}
+NOT_DB_URLS = {"mlrc.data.download", "mlrc.models.weights"}
 
 
 def test_no_message_shows_a_database_url_unredacted():

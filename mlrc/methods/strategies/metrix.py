@@ -109,7 +109,8 @@ from torch import Tensor, nn
 from torchvision.models import ResNet
 
 from mlrc.methods.strategies import STRATEGIES, Strategy
-from mlrc.models.trunks import BNInception, SmallCNN
+from mlrc.models.bninception import BNInception
+from mlrc.models.small import SmallCNN
 from mlrc.params import Count, NonNegative, Positive
 
 #: Registry name → the PML class whose generalised form (Eq. 9) is implemented here.
