@@ -46,6 +46,8 @@ LOSS_SPACES_DIR = space_folder("loss")
 def registered_space_file(kind: str, name: str) -> Path | Traversable | None:
     """The search-space file the registry of ``kind`` finds for ``name`` (a built-in's
     ``spaces/<name>.yaml``, a plug-in's own); None: none, or not a kind with spaces."""
+    # Imported here, as everywhere in mlrc.config: the registries load pytorch-metric-learning
+    # and every built-in (seconds), which ``import mlrc.config`` alone does not need.
     from mlrc.methods import losses, miners, strategies
 
     registries = {"loss": losses.LOSSES, "miner": miners.MINERS, "strategy": strategies.STRATEGIES}
