@@ -20,10 +20,11 @@ Each entry remembers where it came from (:meth:`Registry.source`): ``mlrc`` for 
 the distribution's name for one registered while its entry point loads (else the distribution
 that installed the registering module, else that module's top-level package).
 
-A plug-in's search space is ``register(..., space=...)`` (a path, an ``importlib.resources``
-traversable, or ``"package:file.yaml"``), else a ``<name>.yaml`` beside the registering module
-(found through ``importlib.resources``); :func:`mlrc.config.default_space` reads it when
-``studies/spaces/`` has no file for the name.
+An entry's search space is ``register(..., space=...)`` (a path, an ``importlib.resources``
+traversable, or ``"package:file.yaml"``), else a ``<name>.yaml`` beside the registering module,
+else ``spaces/<name>.yaml`` beside it (found through ``importlib.resources``). The built-ins use
+the last: ``mlrc/methods/losses/spaces/<loss>.yaml``, ``mlrc/methods/miners/spaces/``,
+``mlrc/methods/strategies/spaces/``; :func:`mlrc.config.default_space` reads the file.
 """
 
 from __future__ import annotations
@@ -199,8 +200,9 @@ class Registry(Generic[T]):
         return _distribution_of(getattr(entry.factory, "__module__", "") or "")
 
     def space(self, name: str) -> Traversable | Path | None:
-        """The plug-in's own search-space file: ``space=`` of ``register``, else ``<name>.yaml``
-        beside the registering module; None when it has neither (or ``name`` is unknown)."""
+        """The entry's search-space file: ``space=`` of ``register``, else ``<name>.yaml`` beside
+        the registering module, else ``spaces/<name>.yaml`` beside it (where the built-ins keep
+        theirs); None when there is none (or ``name`` is unknown)."""
         try:
             spec = self.info(name)
         except RegistryError:
@@ -224,8 +226,13 @@ class Registry(Generic[T]):
             beside = Path(module.__file__).parent
         else:
             return None
-        candidate = beside.joinpath(f"{name}.yaml")
-        return candidate if candidate.is_file() else None
+        for candidate in (
+            beside.joinpath(f"{name}.yaml"),
+            beside.joinpath("spaces").joinpath(f"{name}.yaml"),
+        ):
+            if candidate.is_file():
+                return candidate
+        return None
 
     # --- plug-ins from other distributions ------------------------------------------------
 

@@ -66,12 +66,14 @@ def test_defaults_come_from_preset_and_loss_space(tmp_path):
     doc = with_(loss__search=..., search=..., test=...)
     r = load_study(write(tmp_path, doc))
     assert (r.trials, r.reproductions) == (4, 3)  # cpu preset
-    assert set(r.space) == {"pos_margin", "neg_margin"}  # studies/spaces/contrastive.yaml
+    assert set(r.space) == {"pos_margin", "neg_margin"}  # studies/spaces/losses/contrastive.yaml
 
 
 def test_loss_with_parameters_searches_loss_lr(tmp_path):
     doc = with_(loss={"name": "normalized_softmax", "params": {"temperature": 0.05}})
-    r = load_study(write(tmp_path, doc))  # default space: studies/spaces/normalized_softmax.yaml
+    r = load_study(
+        write(tmp_path, doc)
+    )  # default space: studies/spaces/losses/normalized_softmax.yaml
     assert set(r.space) == {LOSS_LR} and r.fixed == {"temperature": 0.05}
     assert (r.space[LOSS_LR].low, r.space[LOSS_LR].high, r.space[LOSS_LR].log) == (1e-6, 1.0, True)
     search = {"temperature": {"low": 0.01, "high": 1.0, "log": True}}

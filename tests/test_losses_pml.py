@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from conftest import train_tiny_fold
 
-from mlrc.config import SPACES_DIR, default_space
+from mlrc.config import LOSS_SPACES_DIR, default_space
 from mlrc.methods import losses
 
 # the losses mlrc ships (tests register throwaways; an installed plug-in ships its own space)
@@ -104,7 +104,9 @@ def test_builds_with_defaults_and_gives_a_finite_differentiable_scalar(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_search_space_loads_and_names_only_accepted_parameters(name):
     info = losses.info(name)
-    assert (SPACES_DIR / f"{name}.yaml").is_file(), f"studies/spaces/{name}.yaml is missing"
+    assert (LOSS_SPACES_DIR / f"{name}.yaml").is_file(), (
+        f"studies/spaces/losses/{name}.yaml is missing"
+    )
     space = default_space(name)
     accepted = set(info.params) | ({"loss_lr"} if info.has_parameters else set())
     assert set(space) <= accepted, f"{name}: {sorted(set(space) - accepted)} not accepted"

@@ -251,7 +251,7 @@ def test_entry_point_naming_a_hook_registers_lazily_once(monkeypatch):
 
 
 def test_plugin_space_beside_its_module_or_given(tmp_path, monkeypatch):
-    """default_space falls back to the plug-in's own file when studies/spaces/ has none."""
+    """default_space falls back to the plug-in's own file when studies/spaces/losses/ has none."""
     (tmp_path / "mlrc_test_spaced").mkdir()
     (tmp_path / "mlrc_test_spaced" / "__init__.py").write_text(
         "from mlrc.methods import losses\n\n"

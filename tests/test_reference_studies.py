@@ -1,6 +1,6 @@
 """Published search spaces (issue #13.3): studies/reference/<dataset>/<loss>.yaml for the 14
 reality-check methods, ProxyAnchor and the three mean-field losses on CUB200, Cars196 and SOP; the
-per-dataset ranges of studies/spaces/<loss>.yaml; the two campaign files; and every best
+per-dataset ranges of studies/spaces/losses/<loss>.yaml; the two campaign files; and every best
 hyperparameter MLRC published lies inside the range its study searches."""
 
 from __future__ import annotations
@@ -290,7 +290,7 @@ def test_a_study_fixing_or_searching_its_own_ranges_is_unaffected():
 
 
 @pytest.mark.parametrize(
-    "path", sorted((REPO / "studies" / "spaces").glob("*.yaml")), ids=lambda p: p.stem
+    "path", sorted((REPO / "studies" / "spaces" / "losses").glob("*.yaml")), ids=lambda p: p.stem
 )
 def test_datasets_without_entries_keep_the_base_space(path):
     """A study on a dataset a space file does not list (and so every study that existed before
@@ -314,8 +314,8 @@ def test_datasets_without_entries_keep_the_base_space(path):
 
 
 def space_file(tmp_path: Path, monkeypatch, text: str) -> Path:
-    """A loss space file in a stand-in studies/spaces/ folder."""
-    monkeypatch.setattr(config.spaces, "SPACES_DIR", tmp_path)
+    """A loss space file in a stand-in studies/spaces/losses/ folder."""
+    monkeypatch.setattr(config.spaces, "LOSS_SPACES_DIR", tmp_path)
     path = tmp_path / "arcface.yaml"
     path.write_text("scale: {low: 0.01, high: 200.0}\nmargin: {low: 0, high: 90}\n" + text)
     return path

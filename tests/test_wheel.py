@@ -118,8 +118,8 @@ def test_the_wheel_holds_every_data_file(fresh):
 def test_a_preset_and_a_space_are_read_from_the_installed_package(fresh):
     code = textwrap.dedent(
         """
-        from mlrc.config import SPACES_DIR, default_space, load_preset
-        print(load_preset("cpu").trunk, sorted(default_space("contrastive")), SPACES_DIR)
+        from mlrc.config import LOSS_SPACES_DIR, default_space, load_preset
+        print(load_preset("cpu").trunk, sorted(default_space("contrastive")), LOSS_SPACES_DIR)
         """
     )
     out = run([fresh["bin"] / "python", "-c", code], fresh["cwd"], fresh["env"]).split()

@@ -54,7 +54,13 @@ from mlrc.config.schema import (
     StudyConfig,
     TestSpec,
 )
-from mlrc.config.spaces import PER_DATASET, SPACES_DIR, WITH_MINER, default_space
+from mlrc.config.spaces import (
+    LOSS_SPACES_DIR,
+    PER_DATASET,
+    WITH_MINER,
+    default_space,
+    space_folder,
+)
 from mlrc.config.study import (
     SETTINGS,
     ResolvedStudy,
@@ -72,11 +78,11 @@ __all__ = [
     "KEEP_POLICIES",
     "LOSS_LR",
     "LOSS_LR_TYPE",
+    "LOSS_SPACES_DIR",
     "PER_DATASET",
     "PRESETS_DIR",
     "RUNTIME_ONLY",
     "SETTINGS",
-    "SPACES_DIR",
     "WITH_MINER",
     "ArtifactsSpec",
     "BatchSpec",
@@ -113,6 +119,7 @@ __all__ = [
     "not_a_mapping",
     "resolve",
     "resource_dir",
+    "space_folder",
     "validate_model",
     "with_changes",
     "with_settings",

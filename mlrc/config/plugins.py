@@ -13,7 +13,7 @@ from typing import Any
 from mlrc.config.checks import check_names, check_space, check_values
 from mlrc.config.load import ConfigError, did_you_mean
 from mlrc.config.schema import ParamSpace, Preset, StudyConfig
-from mlrc.config.spaces import default_space, space_folder
+from mlrc.config.spaces import default_space
 from mlrc.params import ParamType
 
 # Samplers that ignore ``m`` and put at least one positive pair in every batch (SPC-R).
@@ -100,11 +100,11 @@ def _plugin_space(
     """Space and fixed params of a miner/strategy, keys prefixed ``<kind>.``, each name checked
     (and each value against the plug-in's declared ``types``).
 
-    Without ``search`` the plug-in's default space (``spaces/{miners,strategies}/`` of the
-    package data) is used, minus what ``params`` fixes."""
+    Without ``search`` the plug-in's default space (its registry's, see
+    :func:`~mlrc.config.spaces.default_space`) is used, minus what ``params`` fixes."""
     space: dict[str, ParamSpace] | None = ref.search
     if space is None:
-        defaults = default_space(ref.name, space_folder(kind), kind=kind)
+        defaults = default_space(ref.name, kind=kind)
         space = {k: v for k, v in defaults.items() if k not in ref.params}
     given = ((f"{kind}.params", ref.params), (f"{kind}.search", space))
     check_names(kind, ref.name, given, list(accepted), source)
@@ -204,7 +204,7 @@ def _record(kind: str, registry: Any, name: str) -> PluginRecord:
     }
     space = {}
     if kind in ("loss", "miner", "strategy"):
-        found = default_space(name, space_folder(kind), kind=kind)
+        found = default_space(name, kind=kind)
         space = {p: _range_text(s) for p, s in found.items()}
     return PluginRecord(
         kind, name, registry.source(name), entry.doc, params, space, _capabilities(kind, name)

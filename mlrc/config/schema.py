@@ -368,7 +368,7 @@ class LossRef(Strict):
 
     name: str
     params: dict[str, Any] = {}
-    search: dict[str, ParamSpace] | None = None  # None → studies/spaces/<name>.yaml
+    search: dict[str, ParamSpace] | None = None  # None → studies/spaces/losses/<name>.yaml
 
 
 class MinerRef(Strict):

@@ -1,14 +1,16 @@
 """Search spaces: the ranges a study searches when it gives none of its own.
 
-Each loss has a space file in the package data (``mlrc/resources/spaces/<loss>.yaml``, reachable
-in a checkout as ``studies/spaces/``), each miner and strategy one in ``miners/`` and
-``strategies/`` there; a plug-in without one there may ship ``<name>.yaml`` beside its module
-(:meth:`mlrc.registry.Registry.space`). A loss's file may also hold ``per_dataset`` and
-``with_miner`` tables (see :func:`default_space`).
+Every loss, miner and strategy finds its default space through its registry
+(:meth:`mlrc.registry.Registry.space`): the built-ins keep theirs beside their kind's modules
+(``mlrc/methods/losses/spaces/<loss>.yaml``, ``mlrc/methods/miners/spaces/``,
+``mlrc/methods/strategies/spaces/``; in a checkout ``studies/spaces/{losses,miners,strategies}``
+link there), a plug-in ``<name>.yaml`` beside its module or the file its registration names. A
+loss's file may also hold ``per_dataset`` and ``with_miner`` tables (see :func:`default_space`).
 """
 
 from __future__ import annotations
 
+from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
@@ -18,12 +20,12 @@ from mlrc.config.load import (
     did_you_mean,
     load_yaml,
     not_a_mapping,
-    resource_dir,
     validate_model,
 )
 from mlrc.config.schema import ParamSpace
 
-SPACES_DIR = resource_dir("spaces")  # in a checkout, studies/spaces links here
+# The package of each kind whose registry holds default search spaces.
+SPACE_KINDS = {"loss": "losses", "miner": "miners", "strategy": "strategies"}
 
 # Keys of a loss's space file that are not parameters: the ranges that differ per dataset.
 PER_DATASET = "per_dataset"
@@ -31,35 +33,38 @@ WITH_MINER = "with_miner"
 
 
 def space_folder(kind: str) -> Path:
-    """The folder of the default spaces of ``kind``: loss, miner or strategy."""
-    if kind == "loss":
-        return SPACES_DIR
-    return SPACES_DIR / {"miner": "miners"}.get(kind, "strategies")
+    """The folder of the built-in default spaces of ``kind`` (loss, miner or strategy):
+    ``mlrc/methods/<kind>s/spaces``, found through ``importlib.resources`` (a file-system path:
+    mlrc is installed as files)."""
+    return Path(str(files("mlrc.methods").joinpath(SPACE_KINDS[kind]).joinpath("spaces")))
 
 
-def _plugin_space_file(kind: str, name: str) -> Any:
-    """The search-space file a plug-in ships beside its module (None: it has none)."""
-    if kind == "loss":
-        from mlrc.methods.losses import LOSSES as registry
-    elif kind == "miner":
-        from mlrc.methods.miners import MINERS as registry
-    elif kind == "strategy":
-        from mlrc.methods.strategies import STRATEGIES as registry
-    else:
-        return None
-    return registry.space(name)
+# The built-in losses' spaces: the one folder whose files may hold per-dataset tables.
+LOSS_SPACES_DIR = space_folder("loss")
+
+
+def registered_space_file(kind: str, name: str) -> Path | Traversable | None:
+    """The search-space file the registry of ``kind`` finds for ``name`` (a built-in's
+    ``spaces/<name>.yaml``, a plug-in's own); None: none, or not a kind with spaces."""
+    # Imported here, as everywhere in mlrc.config: the registries load pytorch-metric-learning
+    # and every built-in (seconds), which ``import mlrc.config`` alone does not need.
+    from mlrc.methods import losses, miners, strategies
+
+    registries = {"loss": losses.LOSSES, "miner": miners.MINERS, "strategy": strategies.STRATEGIES}
+    registry = registries.get(kind)
+    return None if registry is None else registry.space(name)
 
 
 def default_space(
     loss: str,
-    folder: Path = SPACES_DIR,
+    folder: Path | None = None,
     dataset: str | None = None,
     miner: str | None = None,
     kind: str = "loss",
 ) -> dict[str, ParamSpace]:
-    """The space file ``<folder>/<loss>.yaml``; when there is none, the one the plug-in ``loss``
-    (of ``kind``: loss, miner or strategy) ships itself (see :mod:`mlrc.registry`); {} when
-    neither exists.
+    """The space file ``<folder>/<loss>.yaml`` when ``folder`` is given and has one; else the one
+    the registry of ``kind`` (loss, miner or strategy) finds for ``loss`` — a built-in's or a
+    plug-in's (see :mod:`mlrc.registry`); {} when there is none.
 
     A loss's space file may also give ranges that differ per dataset (the reality check searched
     some parameters over other ranges on some datasets):
@@ -83,13 +88,14 @@ def default_space(
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _space_file(name: str, folder: Path, kind: str) -> tuple[Path | Traversable | None, bool]:
-    """The space file of ``name`` (``<folder>/<name>.yaml``, else the plug-in's own; None: there
+def _space_file(
+    name: str, folder: Path | None, kind: str
+) -> tuple[Path | Traversable | None, bool]:
+    """The space file of ``name`` (``<folder>/<name>.yaml``, else the registry's; None: there
     is none) and whether it is a loss's file (which may hold per-dataset tables)."""
-    path = folder / f"{name}.yaml"
-    if path.is_file():
-        return path, folder.resolve() == SPACES_DIR.resolve()
-    return _plugin_space_file(kind, name), kind == "loss"
+    if folder is not None and (folder / f"{name}.yaml").is_file():
+        return folder / f"{name}.yaml", folder.resolve() == LOSS_SPACES_DIR.resolve()
+    return registered_space_file(kind, name), kind == "loss"
 
 
 def _read_space(
@@ -104,7 +110,7 @@ def _read_space(
     if tables and not loss_space:
         raise ConfigError(
             f"{path}: {next(iter(tables))}: only a loss's space file "
-            "(studies/spaces/<loss>.yaml) takes per-dataset ranges"
+            "(studies/spaces/losses/<loss>.yaml) takes per-dataset ranges"
         )
     return space, tables
 

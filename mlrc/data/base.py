@@ -1,4 +1,11 @@
-"""The image dataset every loader returns: (image, label) pairs with labels 0..C−1."""
+"""The dataset interface and registry: :class:`ImageDataset`, the (image, label) pairs with labels
+0..C−1 that every loader returns; its registration metadata (:class:`DatasetInfo`), the registry
+``DATASETS`` with ``register``/``build``; and the image and file checks the loaders share.
+
+A dataset's factory is ``factory(root=None, **params) -> ImageDataset``: ``root`` is the folder
+(or file) the study's ``dataset.root`` names; the built-ins live in :mod:`mlrc.data.on_disk` and
+:mod:`mlrc.data.glyphs`, others register through the entry-point group ``mlrc.datasets``.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +17,15 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch.utils.data
 from PIL import Image, ImageFile
+
+from mlrc.registry import Entry, Registry
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 
@@ -337,3 +348,33 @@ def _digest(source: Source) -> bytes:
     else:
         h.update(np.ascontiguousarray(source).data)
     return h.digest()
+
+
+# --- the registry --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetInfo(Entry):
+    """What mlrc knows about a dataset without loading it: its parameters, their defaults and
+    declared types (the fields of :class:`mlrc.registry.Entry`)."""
+
+
+DATASETS: Registry[ImageDataset] = Registry("dataset", group="mlrc.datasets", entry=DatasetInfo)
+
+available = DATASETS.available
+info: Callable[[str], DatasetInfo] = DATASETS.info
+
+# the datasets read from a folder (or file) the user names: ``root`` is required
+NEEDS_ROOT = frozenset({"image_folder", "cub200", "cars196", "sop", "inshop"})
+
+
+def register(
+    name: str, **meta: Any
+) -> Callable[[Callable[..., ImageDataset]], Callable[..., ImageDataset]]:
+    """Decorator for ``factory(root=None, **params) -> ImageDataset``."""
+    return DATASETS.register(name, **meta)
+
+
+def build(name: str, root: str | Path | None = None, **kwargs: object) -> ImageDataset:
+    """Load dataset ``name`` from ``root`` (``glyphs`` needs none; ``omniglot`` downloads one)."""
+    return DATASETS.build(name, root=root, **kwargs)

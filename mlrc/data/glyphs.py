@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from mlrc.data.base import ImageDataset
+from mlrc.data.base import DatasetError, ImageDataset, register
 
 CHARACTERS = (
     string.ascii_uppercase
@@ -108,3 +108,11 @@ def glyphs_dataset(size: int = 64, seed: int = 0) -> ImageDataset:
     names = [f"U+{ord(ch):04X} {ch}" for ch in class_order()]
     origins = [f"glyphs:{names[y]}:{FONT_FILES[i % len(FONT_FILES)]}" for i, y in enumerate(labels)]
     return ImageDataset("glyphs", list(images), labels, names, origins=origins)
+
+
+@register("glyphs")
+def glyphs(root: str | Path | None = None, **kwargs: object) -> ImageDataset:
+    """The embedded default (no files, no network): see ``mlrc.data.glyphs``."""
+    if root is not None:
+        raise DatasetError("dataset 'glyphs' is built in and takes no root")
+    return glyphs_dataset(**kwargs)

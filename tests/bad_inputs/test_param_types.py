@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from mlrc.config import SPACES_DIR, ConfigError, StudyConfig, default_space, load_study, resolve
+from mlrc.config import ConfigError, StudyConfig, default_space, load_study, resolve, space_folder
+from mlrc.search.campaign_runner import load_campaign, resolve_campaign
 from mlrc.data import available as datasets
 from mlrc.methods import losses, miners, strategies
 from mlrc.params import ParamType
@@ -313,9 +314,7 @@ def _searched() -> list[Any]:
     """(kind, name, key in the space, type) of every parameter searched by default."""
     out = []
     for kind, name, types, _ in PLUGINS:
-        folder = {"loss": SPACES_DIR, "miner": SPACES_DIR / "miners"}.get(
-            kind, SPACES_DIR / "strategies"
-        )
+        folder = space_folder(kind)
         prefix = "" if kind == "loss" else f"{kind}."
         for p in default_space(name, folder):
             if p in types:

@@ -10,6 +10,9 @@ printed M_c is a typo; the authors' code does the same); sums over classes run o
 present in the batch, as in the code. Everything is in log-sum-exp/softplus form so that β = 80
 cannot overflow in float32; memory and time are O(B·C·D) per batch for the mean-field losses
 (plus O(C²·D) for the mean-field regulariser, computed only when λ_MF > 0).
+
+The three losses of the paper share their distance and mean-field code, so they are one module
+(grouped by source) rather than three.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 import torch.nn.functional as Fn
 from torch import Tensor, nn
 
-from mlrc.methods.losses import register
+from mlrc.methods.losses.base import register
 from mlrc.params import NonNegative, Positive
 
 

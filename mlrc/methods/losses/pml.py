@@ -1,5 +1,9 @@
 """Losses of pytorch-metric-learning, with the reality check's conventions.
 
+The built-in losses that are thin wrappers of that one library live together in this module
+(one factory each, no code of their own beyond argument conversion); a loss with code of its own
+gets a module of its own (see :mod:`mlrc.methods.losses.mean_field`).
+
 Distances are PML defaults: L2 distance on L2-normalised embeddings for the pair losses
 (Contrastive, Triplet margins are distances), cosine similarity for NTXent/MultiSimilarity.
 Every factory's docstring (first line: the registry's ``doc``) cites the source and states the
@@ -15,7 +19,7 @@ import torch.nn.functional as F
 from pytorch_metric_learning import losses as L
 from pytorch_metric_learning.regularizers import SparseCentersRegularizer, ZeroMeanRegularizer
 
-from mlrc.methods.losses import register
+from mlrc.methods.losses.base import register
 from mlrc.params import Count, Degrees, Positive
 
 

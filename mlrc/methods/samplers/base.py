@@ -1,11 +1,27 @@
-"""The batch-sampler interface and SPC-m, with an explicit, checkpointable random state."""
+"""The batch-sampler interface (:class:`BatchSampler`, with an explicit, checkpointable random
+state), its registration metadata (:class:`SamplerInfo`) and the registry ``SAMPLERS``.
+
+Batch samplers are a study's ``sampler: {name, params}``, as compared in the Revisiting paper
+(§3.2). A sampler yields ``iterations`` batches of indices into the fold's training set per
+epoch; ``m`` is the protocol's images per class for the loss (4 for pair losses, 1 for
+classification/proxy losses). Memory-bank samplers (``needs_bank = True``) get the embeddings of
+every training image once at the start of a fold (``set_bank``; eval transforms, current model)
+and the current batch's embeddings after every iteration (``update``), as the reference code
+does. The bank is rebuilt, not checkpointed, when a fold resumes.
+
+A sampler's factory takes ``(labels, batch_size, m, iterations, seed)`` positionally (mlrc passes
+them) and its own parameters as keyword-only arguments with defaults.
+"""
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from mlrc.registry import Entry, Registry
 
 
 class BatchSampler:
@@ -41,56 +57,35 @@ class BatchSampler:
         """Overwrite the bank rows of ``indices`` with the current batch's embeddings."""
 
 
-class ClassBalancedBatchSampler(BatchSampler):
-    """Batches of ``classes_per_batch`` distinct classes × ``m`` images each.
+@dataclass(frozen=True, kw_only=True)
+class SamplerInfo(Entry):
+    """What mlrc knows about a sampler without building it: its own parameters (beyond the common
+    ones), their defaults and declared types (the fields of :class:`mlrc.registry.Entry`)."""
 
-    Pair-based losses use m = 4 (8 classes × 4 = 32), classification/proxy losses m = 1
-    (32 classes × 1). A class with fewer than m images is sampled with replacement. If there are
-    fewer classes than a batch wants, every batch uses all of them (with a warning); fewer than
-    2 classes is an error. ``state()`` / ``set_state()`` make a resumed run draw the same batches.
-    """
 
-    def __init__(
-        self,
-        labels: Sequence[int] | np.ndarray,
-        batch_size: int,
-        m: int,
-        iterations: int,
-        seed: int,
-    ) -> None:
-        super().__init__(labels, iterations, seed)
-        self.classes, inverse = np.unique(self.labels, return_inverse=True)
-        if len(self.classes) < 2:
-            raise ValueError(f"a training fold needs at least 2 classes, got {len(self.classes)}")
-        if m < 1 or batch_size < m:
-            raise ValueError(f"batch size {batch_size} and images per class {m} do not fit")
-        self.m = m
-        self.classes_per_batch = batch_size // m
-        if len(self.classes) < self.classes_per_batch:
-            warnings.warn(
-                f"only {len(self.classes)} training classes for batches of "
-                f"{self.classes_per_batch} classes × {m}: using all {len(self.classes)} classes "
-                f"(batch size {len(self.classes) * m})",
-                stacklevel=2,
-            )
-            self.classes_per_batch = len(self.classes)
-        self.by_class = [np.flatnonzero(inverse == c) for c in range(len(self.classes))]
+SAMPLERS: Registry[BatchSampler] = Registry("sampler", group="mlrc.samplers", entry=SamplerInfo)
 
-    def next_batch(self) -> list[int]:
-        chosen = self.rng.choice(len(self.by_class), self.classes_per_batch, replace=False)
-        return self.fill(chosen)
+available = SAMPLERS.available
+info: Callable[[str], SamplerInfo] = SAMPLERS.info
+params = SAMPLERS.params  # accepted parameters beyond the common ones, with defaults
 
-    def fill(self, classes: Sequence[int], with_first: Sequence[int] | None = None) -> list[int]:
-        """m images of each class position in ``classes`` (the first one given, if any)."""
-        batch = []
-        for j, c in enumerate(classes):
-            pool = self.by_class[c]
-            if with_first is None:
-                batch += self.rng.choice(pool, self.m, replace=len(pool) < self.m).tolist()
-            else:
-                batch.append(int(with_first[j]))
-                if self.m > 1:
-                    batch += self.rng.choice(
-                        pool, self.m - 1, replace=len(pool) < self.m - 1
-                    ).tolist()
-        return batch
+
+def register(
+    name: str, **meta: Any
+) -> Callable[[Callable[..., BatchSampler]], Callable[..., BatchSampler]]:
+    """Decorator for ``factory(labels, batch_size, m, iterations, seed, **params)``."""
+    return SAMPLERS.register(name, **meta)
+
+
+def build(
+    name: str,
+    labels: np.ndarray,
+    batch_size: int,
+    m: int,
+    iterations: int,
+    seed: int,
+    **kwargs: Any,
+) -> BatchSampler:
+    """Sampler ``name`` over ``labels`` (the fold's training labels): ``iterations`` batches of
+    ``batch_size`` indices per epoch, ``m`` images per class where it applies, seeded by ``seed``."""
+    return SAMPLERS.build(name, labels, batch_size, m, iterations, seed, **kwargs)

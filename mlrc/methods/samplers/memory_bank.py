@@ -30,8 +30,8 @@ import numpy as np
 from scipy import linalg
 from scipy.stats import wasserstein_distance
 
-from mlrc.methods.samplers import SAMPLERS
-from mlrc.methods.samplers.base import BatchSampler, ClassBalancedBatchSampler
+from mlrc.methods.samplers.base import BatchSampler, register
+from mlrc.methods.samplers.m_per_class import ClassBalancedBatchSampler
 
 
 def _as_array(x, dtype=None) -> np.ndarray:
@@ -325,7 +325,7 @@ class FIDMatchingSampler(_MatchingSampler):
         return frechet_distance(big, candidate)
 
 
-@SAMPLERS.register("greedy_coreset")
+@register("greedy_coreset")
 def greedy_coreset(
     labels, batch_size, m, iterations, seed, *, big_batch: int = 1024
 ) -> BatchSampler:
@@ -333,13 +333,13 @@ def greedy_coreset(
     return GreedyCoresetSampler(labels, batch_size, m, iterations, seed, big_batch)
 
 
-@SAMPLERS.register("d2_coreset")
+@register("d2_coreset")
 def d2_coreset(labels, batch_size, m, iterations, seed, *, big_batch: int = 1024) -> BatchSampler:
     """D² (k-means++) class seeds in a random big batch of the bank."""
     return D2CoresetSampler(labels, batch_size, m, iterations, seed, big_batch)
 
 
-@SAMPLERS.register("distance_histogram_matching")
+@register("distance_histogram_matching")
 def distance_histogram_matching(
     labels,
     batch_size,
@@ -357,7 +357,7 @@ def distance_histogram_matching(
     )
 
 
-@SAMPLERS.register("fid_matching")
+@register("fid_matching")
 def fid_matching(
     labels, batch_size, m, iterations, seed, *, big_batch: int = 1024, candidates: int = 10
 ) -> BatchSampler:

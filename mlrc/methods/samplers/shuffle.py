@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlrc.methods.samplers import SAMPLERS
-from mlrc.methods.samplers.base import BatchSampler
+from mlrc.methods.samplers.base import BatchSampler, register
 
 
 class ShuffleSampler(BatchSampler):
@@ -46,7 +45,7 @@ class ShuffleSampler(BatchSampler):
         self.position = int(state["position"])
 
 
-@SAMPLERS.register("shuffle")
+@register("shuffle")
 def shuffle(labels, batch_size, m, iterations, seed) -> BatchSampler:
     """Random batches, one pass over the training images per ⌊n / batch⌋ iterations
     (``shuffle=True, drop_last=True``), as the traditional papers' code on CUB and Cars."""

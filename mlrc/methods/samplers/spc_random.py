@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlrc.methods.samplers import SAMPLERS
-from mlrc.methods.samplers.base import BatchSampler
+from mlrc.methods.samplers.base import BatchSampler, register
 
 
 class SPCRandom(BatchSampler):
@@ -32,7 +31,7 @@ class SPCRandom(BatchSampler):
         return picked + [int(self.rng.choice(self.by_class[anchor_class]))]
 
 
-@SAMPLERS.register("spc_random")
+@register("spc_random")
 def spc_random(labels, batch_size, m, iterations, seed) -> BatchSampler:
     """SPC-R (Revisiting DML): class-uniform random items plus one guaranteed positive."""
     return SPCRandom(labels, batch_size, iterations, seed)

@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as Fn
 from torch import Tensor, nn
 
-from mlrc.methods.strategies import STRATEGIES, Strategy
+from mlrc.methods.strategies.base import Strategy, register
 from mlrc.params import Count, NonNegative, Range
 
 _BUFFERS = ("frm", "bank", "bank_size", "bank_ptr")
@@ -214,7 +214,7 @@ class DenselyAnchoredSampling(Strategy):
         return loss_fn(all_emb, all_y)
 
 
-@STRATEGIES.register("das")
+@register("das")
 def das(
     *,
     T: Annotated[int, Range(ge=0)] = 3,  # produced embeddings per real one (0: the plain step)

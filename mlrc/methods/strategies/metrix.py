@@ -108,7 +108,7 @@ from pytorch_metric_learning import losses as pml_losses
 from torch import Tensor, nn
 from torchvision.models import ResNet
 
-from mlrc.methods.strategies import STRATEGIES, Strategy
+from mlrc.methods.strategies.base import Strategy, register
 from mlrc.models.bninception import BNInception
 from mlrc.models.small import SmallCNN
 from mlrc.params import Count, NonNegative, Positive
@@ -398,7 +398,7 @@ class Metrix(Strategy):
         return clean + self.w * soft_loss(loss_fn, mat, y_soft, rel)
 
 
-@STRATEGIES.register("metrix")
+@register("metrix")
 def metrix(
     *,
     mixup: Mixup = "embedding",

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as Fn
 from torch import Tensor, nn
 
-from mlrc.methods.strategies import STRATEGIES, Strategy
+from mlrc.methods.strategies.base import Strategy, register
 from mlrc.params import Positive, Probability
 
 
@@ -82,7 +82,7 @@ class RhoDistance(Strategy):
         return loss_fn(emb, y, self.mine(emb.detach(), y))
 
 
-@STRATEGIES.register("rho_distance")
+@register("rho_distance")
 def rho_distance(*, p_switch: Probability = 0.2, lower_cutoff: Positive = 0.5) -> Strategy:
     """ρ-regularisation (Revisiting DML §5.1): distance-weighted tuples, switched with p_switch."""
     # lower_cutoff > 0: the weights take log d, d (L2, unit sphere) clamped below at lower_cutoff

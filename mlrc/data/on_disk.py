@@ -1,7 +1,12 @@
-"""Loaders for the on-disk layouts that the official dataset archives unpack to.
+"""The datasets read from files: loaders for the on-disk layouts that the official dataset
+archives unpack to (CUB-200-2011, Cars196, Stanford Online Products, In-Shop, Omniglot) and the
+generic class-folder layout (``image_folder``).
 
 Every loader returns an ``ImageDataset`` with labels 0..C−1 in the class order the MLRC protocol
-uses (so "first half of the classes" means the same classes as in the paper).
+uses (so "first half of the classes" means the same classes as in the paper). They are grouped
+in one module, by source (files on disk), because they share the path checks (an annotation may
+not lead out of its root) and the class-folder and annotation-table readers; the synthetic
+``glyphs`` registers in :mod:`mlrc.data.glyphs`. The registry is :mod:`mlrc.data.base`'s.
 """
 
 from __future__ import annotations
@@ -19,25 +24,12 @@ from mlrc.data.base import (
     check_image_files,
     is_hidden,
     list_images,
+    register,
     renumber,
     require_dir,
     require_file,
 )
 from mlrc.data.download import fetch_omniglot
-from mlrc.data.glyphs import glyphs_dataset
-from mlrc.registry import Registry
-
-DATASETS: Registry[ImageDataset] = Registry("dataset", group="mlrc.datasets")
-
-available = DATASETS.available
-
-# the datasets read from a folder (or file) the user names: ``root`` is required
-NEEDS_ROOT = frozenset({"image_folder", "cub200", "cars196", "sop", "inshop"})
-
-
-def build(name: str, root: str | Path | None = None, **kwargs: object) -> ImageDataset:
-    """Load dataset ``name`` from ``root`` (``glyphs`` needs none; ``omniglot`` downloads one)."""
-    return DATASETS.build(name, root=root, **kwargs)
 
 
 def _root(root: str | Path | None, name: str) -> Path:
@@ -84,7 +76,7 @@ def _from_class_folders(name: str, folders: list[Path]) -> ImageDataset:
     return ImageDataset(name, sources, labels, [f.name for f in folders])
 
 
-@DATASETS.register("image_folder")
+@register("image_folder")
 def image_folder(root: str | Path | None = None) -> ImageDataset:
     """``root/<class>/<image>``; classes sorted by folder name."""
     base = _root(root, "image_folder")
@@ -94,7 +86,7 @@ def image_folder(root: str | Path | None = None) -> ImageDataset:
     return _from_class_folders("image_folder", folders)
 
 
-@DATASETS.register("cub200")
+@register("cub200")
 def cub200(root: str | Path | None = None) -> ImageDataset:
     """CUB-200-2011: ``CUB_200_2011/images/<NNN.name>/*.jpg``; class order = folder order.
 
@@ -111,7 +103,7 @@ def cub200(root: str | Path | None = None) -> ImageDataset:
     return _from_class_folders("cub200", folders)
 
 
-@DATASETS.register("cars196")
+@register("cars196")
 def cars196(root: str | Path | None = None) -> ImageDataset:
     """Cars196: ``cars_annos.mat`` + ``car_ims/``; all 16,185 images, labels 1..196 → 0..195."""
     from scipy.io import loadmat
@@ -157,7 +149,7 @@ def _read_table(path: Path, header: str) -> list[list[str]]:
     return body[1:]
 
 
-@DATASETS.register("sop")
+@register("sop")
 def sop(root: str | Path | None = None) -> ImageDataset:
     """Stanford Online Products: ``Ebay_train.txt`` then ``Ebay_test.txt``; label = class_id − 1."""
     base = _root(root, "sop")
@@ -178,7 +170,7 @@ def sop(root: str | Path | None = None) -> ImageDataset:
     return ImageDataset("sop", sources, labels, [str(i) for i in ids])
 
 
-@DATASETS.register("inshop")
+@register("inshop")
 def inshop(root: str | Path | None = None) -> ImageDataset:
     """In-Shop Clothes Retrieval: ``list_eval_partition.txt`` + ``img/``; one class per item id.
 
@@ -206,7 +198,7 @@ def inshop(root: str | Path | None = None) -> ImageDataset:
     return ds
 
 
-@DATASETS.register("omniglot")
+@register("omniglot")
 def omniglot(root: str | Path | None = None) -> ImageDataset:
     """Omniglot from its zip or the extracted folder; class = ``alphabet/character``.
 
@@ -275,11 +267,3 @@ def _omniglot_zip(path: Path) -> ImageDataset:
                 labels.append(c)
                 origins.append(f"{path}:{m.filename}")
     return ImageDataset("omniglot", sources, labels, names, origins=origins)
-
-
-@DATASETS.register("glyphs")
-def glyphs(root: str | Path | None = None, **kwargs: object) -> ImageDataset:
-    """The embedded default (no files, no network): see ``mlrc.data.glyphs``."""
-    if root is not None:
-        raise DatasetError("dataset 'glyphs' is built in and takes no root")
-    return glyphs_dataset(**kwargs)
