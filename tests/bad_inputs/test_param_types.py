@@ -19,7 +19,6 @@ import pytest
 import yaml
 
 from mlrc.config import ConfigError, StudyConfig, default_space, load_study, resolve, space_folder
-from mlrc.search.campaign_runner import load_campaign, resolve_campaign
 from mlrc.data import available as datasets
 from mlrc.methods import losses, miners, strategies
 from mlrc.params import ParamType
