@@ -248,15 +248,15 @@ def test_processes_share_the_study_and_trial_runs(tmp_path, mlflow, monkeypatch)
     ctx = study_run(load_study(write_study(tmp_path, "pool")), folds=4)
     a, b = MlflowTracker(uri), MlflowTracker(uri)
     a.start_study(ctx)
-    real, looks = MlflowTracker._oldest, []
+    real, looks = MlflowTracker.oldest_run, []
 
     def raced(self, wanted):  # b's first look misses a's study run: both create one
         looks.append(wanted)
         return None if len(looks) == 1 else real(self, wanted)
 
-    monkeypatch.setattr(MlflowTracker, "_oldest", raced)
+    monkeypatch.setattr(MlflowTracker, "oldest_run", raced)
     b.start_study(ctx)
-    monkeypatch.setattr(MlflowTracker, "_oldest", real)
+    monkeypatch.setattr(MlflowTracker, "oldest_run", real)
     assert a.parent is not None and b.parent == a.parent and not a.off and not b.off
 
     a.trial_started(3, {"pos_margin": 0.25})

@@ -35,8 +35,9 @@ Every string read from the store is HTML-escaped, in the page and in the figures
 every ``refresh`` seconds.
 
 The work is split by concern: :mod:`mlrc.report.snapshot` reads the store (its queries are in
-:mod:`mlrc.store.snapshot`), :mod:`mlrc.report.figures` draws, :mod:`mlrc.report.html` renders
-the templates of ``mlrc/resources/dashboard/``, :mod:`mlrc.report.server` serves.
+:mod:`mlrc.store.snapshot`) and Optuna's tables, :mod:`mlrc.report.figures` draws what was read,
+:mod:`mlrc.report.html` renders the templates of ``mlrc/resources/dashboard/``,
+:mod:`mlrc.report.server` serves.
 """
 
 from __future__ import annotations
@@ -45,18 +46,20 @@ from pathlib import Path
 
 from mlrc.report.figures import OptunaFigures
 from mlrc.report.html import render
-from mlrc.report.snapshot import open_store, read
+from mlrc.report.snapshot import OptunaReader, open_store, read
 
 __all__ = ["Dashboard", "build"]
 
 
 class Dashboard:
-    """A store and what is kept between pages: the engine and Optuna's figure cache."""
+    """A store and what is kept between pages: the engine, Optuna's storage and Optuna's
+    figure cache."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = open_store(url)
-        self.optuna = OptunaFigures(url, self.engine)
+        self.optuna_tables = OptunaReader(url, self.engine)
+        self.optuna = OptunaFigures()
 
     def page(
         self,
@@ -71,7 +74,12 @@ class Dashboard:
         ``plotly_js``, ``refresh`` and ``links`` as :func:`mlrc.report.html.render`;
         ``archived``: with the archived studies the report leaves out by default."""
         snap = read(self.engine, studies, campaigns, archived)
-        return render(snap, self.optuna, plotly_js, refresh, links)
+        optuna_figs = {
+            st.name: self.optuna.figures(st.name, self.optuna_tables.read(st.name))
+            for st in snap.studies
+            if st.trials  # a study without trials shows no charts
+        }
+        return render(snap, optuna_figs, plotly_js, refresh, links)
 
 
 def build(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import html
 import math
+from collections.abc import Mapping
 from importlib.resources import files
 from string import Template
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from urllib.parse import quote
 
 from mlrc.report import tables
 from mlrc.report.figures import (
-    OptunaFigures,
+    OptunaPlots,
     fold_curves_figure,
     history_figure,
     retrieval_map_figure,
@@ -73,13 +74,15 @@ def _fmt_param(v: Any) -> str:
 
 def render(
     snap: Snapshot,
-    optuna_figs: OptunaFigures,
+    optuna_figs: Mapping[str, OptunaPlots],
     plotly_js: str = "inline",
     refresh: int | None = None,
     links: bool = False,
 ) -> str:
-    """The page. ``plotly_js``: ``inline`` (plotly.js in the page: works offline) or a URL;
-    ``refresh``: reload every that many seconds (live server); ``links``: campaign links."""
+    """The page. ``optuna_figs``: Optuna's figures of each study with trials, by name
+    (:meth:`mlrc.report.figures.OptunaFigures.figures`); ``plotly_js``: ``inline`` (plotly.js
+    in the page: works offline) or a URL; ``refresh``: reload every that many seconds (live
+    server); ``links``: campaign links."""
     title = f"mlrc dashboard — {snap.scope}"
     nav = _nav(snap, links)
     page = template("page.html").substitute(
@@ -135,7 +138,7 @@ def _nav(snap: Snapshot, links: bool) -> list[str]:
     return nav
 
 
-def _body(snap: Snapshot, optuna_figs: OptunaFigures) -> list[str]:
+def _body(snap: Snapshot, optuna_figs: Mapping[str, OptunaPlots]) -> list[str]:
     """The sections: test results, then one per study (a notice if the store has none)."""
     if not snap.studies:
         return [template("empty.html").substitute(where=esc(snap.where))]
@@ -167,7 +170,7 @@ def _tests_section(snap: Snapshot) -> str:
 # --- a study's section -------------------------------------------------------------------------
 
 
-def _study_section(study: StudyData, index: int, optuna_figs: OptunaFigures) -> str:
+def _study_section(study: StudyData, index: int, optuna_figs: Mapping[str, OptunaPlots]) -> str:
     """One study: its facts, best trial, charts and trial table."""
     sid = f"study-{index}"
     if study.trials:
@@ -237,9 +240,9 @@ def _best_line(study: StudyData) -> str:
     )
 
 
-def _study_charts(study: StudyData, sid: str, optuna_figs: OptunaFigures) -> str:
+def _study_charts(study: StudyData, sid: str, optuna_figs: Mapping[str, OptunaPlots]) -> str:
     """History, Optuna's three figures, the fold curves and the trial table of a study."""
-    ofigs = optuna_figs.figures(study.name)
+    ofigs = optuna_figs[study.name]
     optuna_views = {
         kind: _optuna_view(ofigs[kind], sid, kind, title, study.name)
         for kind, title in (

@@ -1,7 +1,8 @@
 """What one dashboard page shows, read from the store in one go: a :class:`Snapshot` of the
 selected studies (:class:`StudyData`: their trials as :class:`TrialRow`, their search fold runs as
 :class:`FoldCurve`, the retrieval view of their best reproduction as :class:`Retrieval`) and the
-test-result summary of :mod:`mlrc.report.tables`.
+test-result summary of :mod:`mlrc.report.tables`; and, study by study, its trials as Optuna
+stored them (:class:`OptunaReader`, :class:`OptunaTrials`) for Optuna's figures.
 
 The queries are :mod:`mlrc.store.snapshot`'s; this module only shapes their rows. The one other
 source is the dataset, for the retrieval view's thumbnails (:func:`thumbnails`): opened from the
@@ -24,14 +25,18 @@ from mlrc.config.presets import objective_label
 from mlrc.errors import first_line
 from mlrc.report.tables import collect, is_nonfinite, is_traditional, select_studies, summarize
 from mlrc.store import reads
-from mlrc.store.snapshot import StoredStudies, read_studies
+from mlrc.store.snapshot import StoredStudies, has_optuna_tables, read_studies
 
 if TYPE_CHECKING:
+    from optuna.study import StudyDirection
+    from optuna.trial import FrozenTrial
     from sqlalchemy.engine import Engine
 
 __all__ = [
     "THUMBNAIL_PX",
     "FoldCurve",
+    "OptunaReader",
+    "OptunaTrials",
     "Retrieval",
     "Snapshot",
     "StudyData",
@@ -126,6 +131,52 @@ class Snapshot:
     summary: Any  # pandas DataFrame from mlrc.report.tables.summarize (test results)
     all_campaigns: list[str]  # every campaign in the store (links of the live page)
     read_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class OptunaTrials:
+    """A study's trials as Optuna stored them (frozen records, in order), its directions and
+    metric names; or, when they cannot be read, only ``note`` saying why."""
+
+    trials: tuple[FrozenTrial, ...] = ()
+    directions: tuple[StudyDirection, ...] = ()
+    metric_names: tuple[str, ...] | None = None
+    note: str | None = None
+
+
+class OptunaReader:
+    """Optuna's tables in the store, read study by study (:meth:`read`); Optuna's storage is
+    opened once, read-only, when the store has its tables."""
+
+    def __init__(self, url: str, engine: Engine) -> None:
+        self.url, self.engine = url, engine
+        self._storage: Any = None
+
+    def _open(self) -> Any:
+        if self._storage is None:
+            if not has_optuna_tables(self.engine):
+                return None
+            # read-only: never create Optuna's tables from a dashboard
+            self._storage = store.optuna_storage(self.url, skip_table_creation=True)
+        return self._storage
+
+    def read(self, name: str) -> OptunaTrials:
+        """The Optuna study ``name``'s trials, or a note: no Optuna tables, no such study, or
+        tables that cannot be read."""
+        import optuna  # heavy: only the pages that show a study's trials need it
+
+        try:
+            storage = self._open()
+            if storage is None:
+                return OptunaTrials(note="no Optuna tables in this store")
+            ostudy = optuna.load_study(study_name=name, storage=storage)
+            trials = tuple(ostudy.get_trials(deepcopy=False))
+            directions, names = tuple(ostudy.directions), ostudy.metric_names
+        except KeyError:
+            return OptunaTrials(note=f"no Optuna study named {name} in this store")
+        except Exception as e:  # e.g. Optuna's tables written by another Optuna version
+            return OptunaTrials(note=f"Optuna's tables cannot be read ({first_line(e)})")
+        return OptunaTrials(trials, directions, tuple(names) if names is not None else None)
 
 
 def open_store(url: str) -> Engine:
