@@ -12,7 +12,7 @@
 #    /tmp/mlrc-gpu-site) put first on PYTHONPATH, and mlrc itself from this checkout (--no-deps:
 #    the machine's own torch is used; nothing of the machine's environment changes);
 # 2. python bench/gpu_fold.py [--quick]: the tables, bench/results/gpu_fold.csv;
-# 3. pytest tests/test_gpu.py (sync debug mode, CUDA determinism, device binding);
+# 3. pytest tests/train/test_gpu.py (sync debug mode, CUDA determinism, device binding);
 # 4. the measurements once more, compactly, at the end of the output.
 # Exit status: non-zero when the install, the benchmark or a test failed.
 set -uo pipefail
@@ -82,7 +82,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 # 2. the benchmark, 3. the GPU-only tests
 status=0
 timeout "$fold_limit" "$py" bench/gpu_fold.py "${fold_args[@]}" || { echo "gpu_check: gpu_fold.py failed ($?)"; status=1; }
-timeout 150 "$py" -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py || status=1
+timeout 150 "$py" -m pytest -q -p no:cacheprovider -rs tests/train/test_gpu.py || status=1
 
 # 4. the figures again, at the end of the output
 "$py" - <<'EOF'

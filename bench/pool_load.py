@@ -15,7 +15,7 @@ worker that is running a trial; the restart (``pg_ctl stop -m fast``, 2 s down, 
 Afterwards the store is checked (:func:`verify`): exactly T complete trials in Optuna and in
 ``mlrc_trial``, no parameters complete twice, one fold row per (parameters, fold), all complete,
 no trial RUNNING, every killed trial interrupted and retried, every worker not killed exited 0.
-``tests/test_pool_load.py`` runs this at full size (8 workers, 200 trials, 10 kills, the restart)
+``tests/load/test_pool_load.py`` runs this at full size (8 workers, 200 trials, 10 kills, the restart)
 and asserts the same, and plants kills between a claim's ask and its first heartbeat.
 
 Figures: wall time; overhead per trial = wall × workers ÷ T (worker-seconds per complete trial)

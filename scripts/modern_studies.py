@@ -3,7 +3,7 @@ studies/campaigns/modern.yaml (the same studies, for running one at a time or on
 
     .venv/bin/python scripts/modern_studies.py [--out studies/modern]
 
-The files are generated, never edited by hand: tests/test_modern_studies.py checks that the
+The files are generated, never edited by hand: tests/e2e/test_modern_studies.py checks that the
 committed ones equal this script's output."""
 
 from __future__ import annotations

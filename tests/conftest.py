@@ -5,12 +5,23 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+
+# The tests mirror the package (tests/<package>/test_<module>.py); a few share helpers and
+# fixtures by module name across folders (test_dashboard's browser, test_session's study_file),
+# so every folder is importable, as the flat folder was. Test file names are unique.
+sys.path[1:1] = [
+    str(d)
+    for d in sorted(TESTS.iterdir())
+    if d.is_dir() and any(d.glob("test_*.py")) and not (d / "__init__.py").exists()
+]
 
 # One cache per test session (unless the caller sets one): mlrc processes elsewhere on the host
 # (another test session, a study) register in $MLRC_CACHE/workers and would change this

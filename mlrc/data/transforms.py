@@ -11,7 +11,7 @@ Two families give the same tensors (bit for bit, tested against torchvision):
 
 Why the crop's resize stays in PIL: torchvision's uint8 *tensor* ``resized_crop`` (bilinear,
 ``antialias=True``) is not bit-identical to PIL's bilinear resize (it rounds differently: pixels
-differ by 1–2 levels), so it would change a fold's numbers; ``tests/test_input_pipeline.py::
+differ by 1–2 levels), so it would change a fold's numbers; ``tests/data/test_input_pipeline.py::
 test_uint8_tensor_resize_is_not_pil_so_training_crops_stay_in_pil`` decides this, and fails if a
 later torchvision makes them equal.
 

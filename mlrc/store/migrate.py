@@ -4,7 +4,7 @@ Three kinds of database meet :func:`prepare` (run by every :func:`mlrc.store.con
 schema lock, so workers opening one store at once do not race):
 
 - a new one: ``create_all`` and a stamp at :data:`HEAD` (Alembic's cookbook; the revisions are
-  checked to build the same tables by ``tests/test_migrations.py``);
+  checked to build the same tables by ``tests/store/test_migrations.py``);
 - a legacy one (written before the migrations: ``mlrc_meta.schema_version`` 2 or 3, no version
   table): stamped at the revision of its schema version, then upgraded like the others;
 - a migrated one: upgraded from its revision to :data:`HEAD` when it is behind.

@@ -5,7 +5,7 @@
     were unpickled or constructed unsafely (they must be refused and run nothing);
 (b) servers bind to 127.0.0.1 unless told otherwise: every host option of every ``mlrc``
     command; a local Ray starts no dashboard. The published ports of docker-compose.yml are
-    checked in tests/test_compose.py (``test_published_ports_bind_localhost_by_default``);
+    checked in tests/config/test_compose.py (``test_published_ports_bind_localhost_by_default``);
 (c) credentials are never printed: every command that opens the store, given a URL with a
     password that the server refuses, prints one line without it and logs nothing with it; no
     message formats a database URL without :func:`mlrc.store.redact`;

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from conftest import require
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "mlrc"
 
 

@@ -5,7 +5,7 @@ On CPU a host "sync" cannot be observed directly, so these tests check what woul
 that the loss tally never reads a tensor back while adding, that the loop reads it once per
 epoch, and that validation hands device tensors to the metrics. The GPU-only check
 (``torch.cuda.set_sync_debug_mode("error")`` around a reference fold's step) is in
-tests/test_gpu.py.
+tests/train/test_gpu.py.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "workers" / "Dockerfile"
 ENTRYPOINT = REPO / "workers" / "entrypoint.sh"

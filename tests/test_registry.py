@@ -20,7 +20,7 @@ from mlrc.config import default_space
 from mlrc.methods import losses
 from mlrc.registry import Registry, RegistryError, import_submodules
 
-TINY = {  # as tests/test_study.py: a study in seconds
+TINY = {  # as tests/search/test_session.py: a study in seconds
     "iterations_per_epoch": 4,
     "max_epochs": 2,
     "validate_every": {"default": 1},

@@ -15,7 +15,7 @@ from mlrc import config
 from mlrc.config import ConfigError, ParamSpace, StudyConfig, default_space, load_yaml, resolve
 from mlrc.search.campaign_runner import load_campaign, parse_campaign, resolve_campaign
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "studies" / "reference"
 CAMPAIGNS = REPO / "studies" / "campaigns"
 DATASETS = ("cub200", "cars196", "sop")

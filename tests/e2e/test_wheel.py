@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CODE_SUFFIXES = {".py", ".pyc"}  # everything else under mlrc/ is package data
 
 pytestmark = pytest.mark.slow

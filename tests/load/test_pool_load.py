@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "pool_load.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "pool_load.py"
 WORKERS, TRIALS, KILLS = 8, 200, 10
 
 

@@ -27,7 +27,7 @@ import pytest
 from conftest import require
 from scipy import stats
 from sqlalchemy import select
-from test_study import cli, study_file
+from test_session import cli, study_file
 from typer.testing import CliRunner
 
 from mlrc import store

@@ -31,7 +31,7 @@ from mlrc import store
 from mlrc.cli import app
 from mlrc.store import migrate
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 LEGACY = {2: FIXTURES / "store-schema2.db", 3: FIXTURES / "store-schema3.db"}
 MODELS = (
     store.Study,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("ray", "faiss", "mlflow", "plotly", "optuna")
 
 

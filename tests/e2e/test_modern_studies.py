@@ -11,7 +11,7 @@ import pytest
 
 from mlrc.config import StudyConfig, load_yaml, resolve
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODERN = REPO / "studies" / "modern"
 
 

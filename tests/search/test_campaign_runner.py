@@ -30,7 +30,7 @@ from mlrc.search.campaign_runner import (
 )
 from mlrc.store import CampaignStudy, FoldRun, Study, StudyHistory, TestResult, Trial
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 app = typer.Typer()
 app.add_typer(campaign_app, name="campaign")

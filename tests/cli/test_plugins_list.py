@@ -1,7 +1,7 @@
 """``mlrc plugins list [KIND]`` and the records below it (:func:`mlrc.config.plugins.plugin_records`):
 every registered plug-in, its source package, parameters and capabilities. The installed
 outside package's row (its distribution's name) is checked end to end in
-tests/test_plugin_package.py; here, where a registry says an entry came from."""
+tests/e2e/test_plugin_package.py; here, where a registry says an entry came from."""
 
 from __future__ import annotations
 

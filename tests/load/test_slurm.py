@@ -1,5 +1,5 @@
 """``mlrc slurm`` against a real single-node Slurm (munged, slurmctld, slurmd started here, see
-``tests/slurm_cluster.py``) and a throwaway PostgreSQL: three worker jobs share one study, one
+``tests/load/slurm_cluster.py``) and a throwaway PostgreSQL: three worker jobs share one study, one
 is cancelled mid-trial with ``scancel``, another gets the time limit's SIGUSR2 and is requeued,
 and the study still ends with exactly its budget of complete trials."""
 

@@ -120,4 +120,4 @@ def test_only_the_data_tests_look_beside_the_clone():
         for p in (REPO / "tests").rglob("*.py")
         if p.name != Path(__file__).name and SHARED.search(p.read_text(encoding="utf-8"))
     )
-    assert readers == ["tests/conftest.py", "tests/test_traditional_studies.py"], readers
+    assert readers == ["tests/conftest.py", "tests/e2e/test_traditional_studies.py"], readers

@@ -1,6 +1,6 @@
 """Registered PML losses against independent, loop-based references written from the papers.
 
-Complements tests/test_losses_pml.py for the losses it does not check. Each reference follows the
+Complements tests/methods/test_losses_pml.py for the losses it does not check. Each reference follows the
 paper's formula with the conventions PML 2.9 uses (read from its source, never called here):
 
 - multi_similarity: cosine similarity, all pairs of the batch (no hard-pair mining as in the

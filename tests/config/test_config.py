@@ -56,7 +56,7 @@ def test_the_issue_example_resolves(tmp_path):
 
 
 def test_repository_study_file_resolves():
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     r = load_study(repo / "studies" / "omniglot-contrastive.yaml")
     # no root: mlrc downloads the subset (SHA-256 checked), so a bare clone runs it as is
     assert (r.study.dataset.name, r.study.dataset.root) == ("omniglot", None)
@@ -232,7 +232,7 @@ def test_miner_mistakes(tmp_path, miner, loss, message):
         load_study(write(tmp_path, with_(loss={"name": loss}, miner=miner)))
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _registered_losses() -> list[str]:
@@ -266,7 +266,7 @@ def test_every_registered_loss_resolves_as_an_omniglot_study(loss, omniglot_zip)
 )
 def test_every_reference_study_file_resolves(path):
     """The reference grid (roots point at the user's data: checked when run, not here); its
-    contents are checked in tests/test_reference_studies.py."""
+    contents are checked in tests/e2e/test_reference_studies.py."""
     from mlrc.config import StudyConfig, resolve
 
     r = resolve(StudyConfig.model_validate(yaml.safe_load(path.read_text())), str(path))
