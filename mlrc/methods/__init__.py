@@ -1,1 +1,1 @@
-"""Losses, miners and training strategies, one registry each (arrives with the methods issue)."""
+"""Losses, miners, batch samplers and training strategies: one registry each, one layout (`base.py`, one module per method, `spaces/`)."""
