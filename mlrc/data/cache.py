@@ -186,7 +186,7 @@ def _ensure(
             opened = _open(data_path, index_path)  # built by another process while we waited?
             if opened is None:
                 check_room(data_path.parent, needed())
-                _build(n, make, desc, data_path, index_path, progress, workers)
+                build_files(n, make, desc, data_path, index_path, progress, workers)
                 opened = _open(data_path, index_path)
         if opened is None:
             raise DatasetError(f"{data_path}: decoded cache unreadable right after building it")
@@ -357,7 +357,7 @@ def _build_lock(path: Path) -> Iterator[None]:
         yield
 
 
-def _build(
+def build_files(
     n: int,
     make: Callable[[int], np.ndarray],
     desc: str,
@@ -367,7 +367,7 @@ def _build(
     workers: int | None,
 ) -> None:
     """Write the cache under temporary names, then rename data and index into place."""
-    tmp_data, tmp_index = _temp_name(data_path), _temp_name(index_path)
+    tmp_data, tmp_index = temp_name(data_path), temp_name(index_path)
     try:
         with open(tmp_data, "wb") as f:
             threads = workers or min(8, os.cpu_count() or 1)
@@ -431,7 +431,7 @@ def ordered_map(fn: Callable[[int], R], items: Iterable[int], threads: int) -> I
                 fut.cancel()
 
 
-def _temp_name(path: Path) -> Path:
+def temp_name(path: Path) -> Path:
     host = re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host"
     return path.with_name(f".{path.name}.{host}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
 

@@ -43,10 +43,10 @@ from mlrc.protocol.knn import (
 )
 
 # Bytes of one working block (float32 similarities, or float64 candidate vectors) at a time.
-_BLOCK_BYTES = 256 * 2**20
+BLOCK_BYTES = 256 * 2**20
 
 MAP_WINDOW = 1000  # neighbours scored by mAP@1000
-_SMALL_K = 64  # largest k ranked by knn.exact_knn (float32 candidates + certificate)
+SMALL_K = 64  # largest k ranked by knn.exact_knn (float32 candidates + certificate)
 KMEANS_ITERATIONS = 20  # as the Revisiting code (and PML's FaissKMeans)
 
 
@@ -152,7 +152,7 @@ def nmi(
     k = int(np.unique(y_np).size)
     if x32.shape[0] < k:
         raise ValueError(f"k-means needs at least K = {k} points, got {x32.shape[0]}")
-    clusters = _kmeans_assign(x32.numpy(), k, seed)
+    clusters = kmeans_assign(x32.numpy(), k, seed)
     return float(normalized_mutual_info_score(y_np, clusters, average_method="arithmetic"))
 
 
@@ -301,7 +301,7 @@ def metrix_utilization(
         q = torch.nn.functional.normalize(q, p=2, dim=1)
         x = torch.nn.functional.normalize(x, p=2, dim=1)
     x_sq = (x * x).sum(1)
-    block = max(1, _BLOCK_BYTES // (8 * x.shape[0]))
+    block = max(1, BLOCK_BYTES // (8 * x.shape[0]))
     total = 0.0
     for start in range(0, q.shape[0], block):
         qb = q[start : start + block]
@@ -388,16 +388,16 @@ def _knn_blocks(
     certificate. Large k (mAP@1000): that certificate is too loose for the dense ranks near
     1000 and nearly every query would fall back to a full float64 ranking one by one, so the
     block's float64 scores are computed directly (:func:`_knn64`). A block holds at most
-    _BLOCK_BYTES of similarities (block × n) and of re-ranked candidate vectors.
+    BLOCK_BYTES of similarities (block × n) and of re-ranked candidate vectors.
     """
     n, d = x64.shape
-    if k <= _SMALL_K:
-        block = max(1, min(_BLOCK_BYTES // (4 * n), _BLOCK_BYTES // (8 * (k + 8) * d)))
+    if k <= SMALL_K:
+        block = max(1, min(BLOCK_BYTES // (4 * n), BLOCK_BYTES // (8 * (k + 8) * d)))
     else:
-        block = max(1, _BLOCK_BYTES // (8 * n))
+        block = max(1, BLOCK_BYTES // (8 * n))
     for start in range(0, n, block):
         q = torch.arange(start, min(start + block, n), device=x64.device)
-        if k <= _SMALL_K:
+        if k <= SMALL_K:
             yield q, exact_knn(x32, x64, q, k, normalize)
         else:
             yield q, _knn64(x64, q, k, normalize)
@@ -445,7 +445,7 @@ def _ap_sums(rel: torch.Tensor) -> torch.Tensor:
     return (r.cumsum(1) / ranks * r).sum(1)
 
 
-def _kmeans_assign(x: np.ndarray, k: int, seed: int) -> np.ndarray:
+def kmeans_assign(x: np.ndarray, k: int, seed: int) -> np.ndarray:
     """Nearest-centroid assignment after faiss k-means as in the Revisiting code (see :func:`nmi`)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     kmeans = faiss.Kmeans(

@@ -219,7 +219,7 @@ class _Group:
         return is_traditional(self.protocol)
 
 
-def _protocol_groups(ordered: list[Study]) -> list[_Group]:
+def _scope_groups(ordered: list[Study]) -> list[_Group]:
     """Per dataset, per protocol, a group of the studies (given in table order); datasets and
     their protocols in the order of their first study, with their differing fields worded. The
     fields are compared among the traditional protocols and among the others apart: a
@@ -438,7 +438,7 @@ def collect(
     rank = {n: i for i, n in enumerate(names)}
     data = reads.table_inputs(engine, names)
     found = {st.id: st for st, _ in data.results}
-    groups = _protocol_groups(sorted(found.values(), key=lambda st: rank[st.name]))
+    groups = _scope_groups(sorted(found.values(), key=lambda st: rank[st.name]))
     group_of = {st.id: g for g in groups for st in g.studies}
     counts = _trial_counts(data.trial_reasons, list(found))
     meta = _study_meta(

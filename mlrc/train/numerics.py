@@ -38,12 +38,24 @@ from typing import Any
 
 from mlrc.config import Preset
 
-__all__ = ["CUBLAS_WORKSPACE", "apply_numerics", "bind_device", "cudnn_text", "provenance"]
+__all__ = [
+    "CUBLAS_WORKSPACE",
+    "apply_numerics",
+    "bind_device",
+    "cudnn_text",
+    "forget_warnings",
+    "provenance",
+]
 
 log = logging.getLogger("mlrc")
 
 CUBLAS_WORKSPACE = ":4096:8"  # cuBLAS's documented setting for deterministic results
 _warned: list[bool] = []  # the CPU tf32 warning, once per process
+
+
+def forget_warnings() -> None:
+    """Warn again as a fresh process would (the CPU tf32 warning is said once per process)."""
+    _warned.clear()
 
 
 def _is_cuda(device: str) -> bool:

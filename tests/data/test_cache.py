@@ -103,13 +103,13 @@ def test_glyphs_array_sources_give_identical_tensors(tmp_path):
 @pytest.fixture
 def count_builds(monkeypatch) -> list[int]:
     builds: list[int] = []
-    real = cache._build
+    real = cache.build_files
 
     def counting(*args, **kwargs):
         builds.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cache, "_build", counting)
+    monkeypatch.setattr(cache, "build_files", counting)
     return builds
 
 
@@ -170,9 +170,9 @@ def test_killed_builds_leave_nothing_that_is_trusted(tmp_path, count_builds):
     cache_dir = tmp_path / "cache"
     cache_dir.mkdir()
     data_file, index_file = cache.cache_paths(cache_dir, ds.name, 64, cache.cache_key(ds, 64))
-    dead = re.sub(r"\.\d+\.(\w+)\.tmp$", rf".{DEAD_PID}.\1.tmp", cache._temp_name(data_file).name)
+    dead = re.sub(r"\.\d+\.(\w+)\.tmp$", rf".{DEAD_PID}.\1.tmp", cache.temp_name(data_file).name)
     (cache_dir / dead).write_bytes(b"half an image")  # killed mid-build
-    live = cache._temp_name(index_file)  # this process's: a build in progress, kept
+    live = cache.temp_name(index_file)  # this process's: a build in progress, kept
     live.write_bytes(b"")
     data_file.write_bytes(b"\0" * 1000)  # killed between renaming data and index
     cached = decoded_cache(ds, 64, cache_dir, progress=False)

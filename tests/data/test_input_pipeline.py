@@ -78,8 +78,8 @@ def test_eval_crops_of_arrays_and_bytes_sources(tmp_path):
 
 def test_eval_crops_built_once_new_key_for_a_changed_file(tmp_path, monkeypatch):
     builds: list[int] = []
-    real = cache._build
-    monkeypatch.setattr(cache, "_build", lambda *a, **k: (builds.append(1), real(*a, **k))[1])
+    real = cache.build_files
+    monkeypatch.setattr(cache, "build_files", lambda *a, **k: (builds.append(1), real(*a, **k))[1])
     ds = jpeg_dataset(tmp_path / "img", SIZES[:3])
     first = eval_crops(ds, 64, 56, tmp_path / "c", progress=False)
     again = eval_crops(ds, 64, 56, tmp_path / "c", progress=False)

@@ -103,7 +103,7 @@ def test_recall_k_beyond_n_is_capped_and_blocks_agree(monkeypatch):
     x, y = clustered(5, 4, 3, singletons=0)
     whole = recall_at_k(x, y, ks=(1, 3, 10_000))
     assert whole["recall_at_10000"] == 1.0  # every query has a classmate somewhere
-    monkeypatch.setattr(A, "_BLOCK_BYTES", 4 * len(x) * 3)  # 3 queries per block
+    monkeypatch.setattr(A, "BLOCK_BYTES", 4 * len(x) * 3)  # 3 queries per block
     assert recall_at_k(x, y, ks=(1, 3, 10_000)) == whole
     with pytest.raises(ValueError, match="positive"):
         recall_at_k(x, y, ks=(0,))
@@ -160,7 +160,7 @@ def test_nmi_is_sklearns_score_of_the_cluster_assignment(monkeypatch):
         seen.update(k=k, seed=seed, norms=np.linalg.norm(points, axis=1))
         return assignment
 
-    monkeypatch.setattr(A, "_kmeans_assign", fake)
+    monkeypatch.setattr(A, "kmeans_assign", fake)
     assert nmi(x, y, seed=7) == normalized_mutual_info_score(y, assignment)
     assert seen["k"] == len(np.unique(y)) and seen["seed"] == 7
     np.testing.assert_allclose(seen["norms"], 1.0, atol=1e-6)
@@ -318,7 +318,7 @@ def test_utilization_shrinks_when_mixed_points_are_added_and_is_zero_on_the_trai
     i, j = rng.integers(0, 300, (2, 600))
     mixed = lam * train[i] + (1 - lam) * train[j]
     clean = metrix_utilization(test, train)
-    monkeypatch.setattr(A, "_BLOCK_BYTES", 8 * 900 * 7)  # 7 queries per block
+    monkeypatch.setattr(A, "BLOCK_BYTES", 8 * 900 * 7)  # 7 queries per block
     assert metrix_utilization(test, np.vstack([train, mixed])) <= clean
     assert metrix_utilization(train, train) == 0.0
 
@@ -360,12 +360,12 @@ def test_map_exact_ties_at_the_window_boundary_go_to_the_lower_index(monkeypatch
     y = rng.integers(0, 6, len(x))
     assert map_at_1000(x, y) == pytest.approx(naive_map_at_1000(x, y), abs=1e-12)
     small = recall_at_k(x, y, ks=(1, 8))
-    monkeypatch.setattr(A, "_SMALL_K", 0)  # rank small k with the float64 path too
+    monkeypatch.setattr(A, "SMALL_K", 0)  # rank small k with the float64 path too
     assert recall_at_k(x, y, ks=(1, 8)) == small == naive_recall(x, y, (1, 8))
 
 
 def test_map_blocks_agree(monkeypatch):
     x, y = big_classes(1)
     whole = map_at_1000(x, y)
-    monkeypatch.setattr(A, "_BLOCK_BYTES", 8 * len(x) * 97)  # 97 queries per block
+    monkeypatch.setattr(A, "BLOCK_BYTES", 8 * len(x) * 97)  # 97 queries per block
     assert map_at_1000(x, y) == pytest.approx(whole, abs=1e-15)

@@ -67,7 +67,7 @@ def test_tf32_false_and_true_set_both_flags_and_none_leaves_them(torch_flags):
 def test_tf32_on_a_cpu_run_warns_once_in_one_line(torch_flags, caplog, monkeypatch):
     from mlrc.train import numerics
 
-    monkeypatch.setattr(numerics, "_warned", [])  # as in a fresh process
+    numerics.forget_warnings()  # as in a fresh process
     with caplog.at_level(logging.WARNING, logger="mlrc"):
         apply_numerics(preset(tf32=True), "cpu")
         apply_numerics(preset(tf32=True), "cpu")
