@@ -18,7 +18,7 @@ from mlrc import store
 from mlrc.errors import first_line
 from mlrc.report.snapshot import FoldCurve, Retrieval, StudyData, TrialRow
 from mlrc.report.tables import ARCHIVED, SECTION, row_label, with_defaults
-from mlrc.store.snapshot import has_optuna_tables
+from mlrc.store.optuna_tables import has_optuna_tables
 
 if TYPE_CHECKING:
     import optuna

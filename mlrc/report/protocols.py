@@ -13,8 +13,8 @@ import hashlib
 import json
 from typing import Any
 
+from mlrc.config.identity import canonical_json
 from mlrc.report.legend import DDAGGER
-from mlrc.store import canonical_json
 
 __all__ = [
     "MAX_SHOWN_FIELDS",

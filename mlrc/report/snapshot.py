@@ -82,7 +82,7 @@ class FoldCurve:
 @dataclass
 class Retrieval:
     """The retrieval view of a study's best reproduction (stored by the test stage, see
-    :class:`mlrc.store.RetrievalView`) and its thumbnails: dataset index → ``data:`` URI; empty,
+    :class:`mlrc.store.schema.RetrievalView`) and its thumbnails: dataset index → ``data:`` URI; empty,
     with ``unavailable`` saying why, when the dataset cannot be opened here."""
 
     reproduction: int

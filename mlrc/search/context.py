@@ -27,12 +27,13 @@ from mlrc.config import (
     identity_change,
     with_settings,
 )
+from mlrc.config.identity import canonical_json
 from mlrc.config.splits import build_split
 from mlrc.data.base import ImageDataset
 from mlrc.protocol.splits import Split
 from mlrc.search.errors import StudyError
 from mlrc.search.tracking import Tracker, open_tracker
-from mlrc.store import history, trials
+from mlrc.store import history, studies
 from mlrc.train import threads as cpu
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class Context:
 
 def params_hash(params: dict[str, Any]) -> str:
     """16 hex digits identifying a parameter set (fold runs are keyed by it)."""
-    return hashlib.sha256(store.canonical_json(params).encode()).hexdigest()[:16]
+    return hashlib.sha256(canonical_json(params).encode()).hexdigest()[:16]
 
 
 def protocol_of(r: ResolvedStudy) -> dict[str, Any]:
@@ -109,7 +110,7 @@ def protocol_key(r: ResolvedStudy) -> str:
 
 def protocol_key_of(fingerprint: dict[str, Any]) -> str:
     """:func:`protocol_key` of a stored configuration (``mlrc_study.config``)."""
-    text = store.canonical_json(protocol_of_fingerprint(fingerprint))
+    text = canonical_json(protocol_of_fingerprint(fingerprint))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -175,7 +176,7 @@ def open_study(
     engine = store.connect(url)
     with sqlite_lock(engine, resolved.study.name):
         if force_new:
-            old = trials.stored_config(engine, resolved.study.name)
+            old = studies.stored_config(engine, resolved.study.name)
             if old is not None and identity_change(old, resolved.fingerprint()) is not None:
                 new_name = archive_study(engine, resolved.study.name, Path(artifacts))
                 log.warning("the stored study %r was archived as %r", resolved.study.name, new_name)
@@ -311,7 +312,7 @@ def _register(
         "threads": threads or cpu.study_threads(),
         "file": file_settings(resolved),
     }
-    study_id, stored = trials.ensure_study(
+    study_id, stored = studies.ensure_study(
         engine,
         study.name,
         dataset=study.dataset.name,
@@ -435,4 +436,4 @@ def _check_retention(
 def archive_study(engine: Engine, name: str, artifacts: Path) -> str:
     """Rename a stored study, its Optuna study and its artifact directory to ``NAME.old-K``
     (the first free K) and point its checkpoint paths there; nothing is deleted."""
-    return trials.archive_study(engine, name, artifacts)
+    return studies.archive_study(engine, name, artifacts)

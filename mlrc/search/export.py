@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from mlrc.config import Preset
 from mlrc.search.context import code_version, fold_folder, params_hash, protocol_key_of
 from mlrc.search.errors import StudyError
-from mlrc.store import get_study, session, trials
+from mlrc.store import results, studies, trials
 from mlrc.train import export_model
 
 if TYPE_CHECKING:
@@ -32,15 +32,14 @@ def export_study_model(
     (``reproduction``: that one) — its four fold models concatenated (``dim`` "512") or its
     fold model with the best test MAP@R (``dim`` "128"). Returns what was written (metadata).
     A study without test results, or whose checkpoints were not kept, is a StudyError."""
-    with session(engine) as s:
-        row = get_study(s, name)
+    row = studies.study_named(engine, name)
     if row is None:
         raise StudyError(f"no study {name!r} in the store")
-    results = trials.test_results(engine, row.id)
-    if not results:
+    rows = results.test_results(engine, row.id)
+    if not rows:
         raise StudyError(f"study {name!r} has no test results yet: run `mlrc study test` first")
     mode = "concatenated" if dim == "512" else "separated"
-    aggregate = {r.reproduction: r for r in results if r.mode == mode and r.fold == -1}
+    aggregate = {r.reproduction: r for r in rows if r.mode == mode and r.fold == -1}
     if reproduction is None:
         reproduction = max(aggregate, key=lambda k: (aggregate[k].map_at_r, -k))
     elif reproduction not in aggregate:
@@ -50,7 +49,7 @@ def export_study_model(
     chosen = aggregate[reproduction]
     per_fold = {
         r.fold: r.map_at_r
-        for r in results
+        for r in rows
         if r.reproduction == reproduction and r.mode == "separated" and r.fold >= 0
     }
     folds = sorted(per_fold)
@@ -90,8 +89,7 @@ def export_study_file(engine: Engine, name: str, new_name: str | None = None) ->
     search: ``mlrc study test`` runs its test stage directly), its seed, sampler and budget of
     reproductions, and its whole resolved preset as ``overrides`` (the same numbers whatever
     the preset files say later). Named ``new_name`` (default ``<name>-exported``)."""
-    with session(engine) as s:
-        row = get_study(s, name)
+    row = studies.study_named(engine, name)
     if row is None:
         raise StudyError(f"no study {name!r} in the store")
     best = trials.best_trial(engine, row.id)

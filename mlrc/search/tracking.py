@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from mlrc.config.identity import canonical_json
 from mlrc.config.schema import TrackingSpec
 from mlrc.errors import first_line
 from mlrc.search.errors import StudyError
@@ -198,12 +199,11 @@ def _study_tags(ctx: Context) -> dict[str, str]:
     """What identifies and describes the study on a run: its name, a hash of its fingerprint
     (a study archived by --force-new and started afresh gets a new study run), dataset, loss,
     miner, strategy, preset and the code version."""
-    from mlrc import store
     from mlrc.config import identity
     from mlrc.search.context import code_version
 
     r = ctx.resolved
-    fingerprint = store.canonical_json(identity(r.fingerprint()))  # budgets may change
+    fingerprint = canonical_json(identity(r.fingerprint()))  # budgets may change
     key = hashlib.sha256(f"{r.study.name}\0{fingerprint}".encode()).hexdigest()[:16]
     tags = {
         "mlrc.study": r.study.name,

@@ -3,8 +3,9 @@
 :func:`connect` is the door: an engine whose tables are at this mlrc's schema. The rest is what
 the query modules build on: :func:`session` / :func:`transact` (one transaction, re-run after a
 lost PostgreSQL connection), :func:`upsert` (idempotent writes), :func:`advisory_lock` (a
-cluster-wide mutex) and :func:`optuna_storage` (Optuna's storage on the same database). URLs,
-errors and retry are in :mod:`mlrc.store.reconnect`.
+cluster-wide mutex). URLs, errors and retry are in :mod:`mlrc.store.reconnect`; Optuna's storage
+and tables in :mod:`mlrc.store.optuna_tables`. Sessions, :func:`upsert` and :func:`get_study`
+hand out ORM rows: they are for the store's own modules (and tests), never for its callers.
 """
 
 from __future__ import annotations
@@ -175,32 +176,6 @@ def sqlite_file_lock(engine: Engine, name: str) -> Iterator[None]:
         with suppress(OSError):
             held.enter_context(removed_lock_file(f"{database}.{name}.lock"))
         yield
-
-
-def optuna_storage(url: str, **heartbeat: Any) -> Any:
-    """Optuna's RDB storage on the same database, with pinged, retrying connections.
-    ``heartbeat``: ``heartbeat_interval``, ``grace_period``, ``heartbeat_stale_trial_callback``."""
-    import optuna
-
-    kwargs = {"pool_pre_ping": True} if not url.startswith("sqlite") else {}
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **heartbeat)
-    retry_connects(storage.engine, connected=True)
-    return storage
-
-
-def unbeaten_trials(engine: Engine, optuna_study_id: int) -> list[tuple[int, int]]:
-    """(trial id, number) of the RUNNING trials of Optuna's study ``optuna_study_id`` that have
-    never recorded a heartbeat (read from Optuna's tables, which have no API for it)."""
-    from sqlalchemy import text
-
-    q = text(
-        "SELECT t.trial_id, t.number FROM trials t"
-        " LEFT JOIN trial_heartbeats h ON h.trial_id = t.trial_id"
-        " WHERE t.study_id = :sid AND t.state = 'RUNNING' AND h.trial_id IS NULL"
-        " ORDER BY t.number"
-    )
-    with engine.connect() as c:
-        return [(r[0], r[1]) for r in c.execute(q, {"sid": optuna_study_id})]
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:

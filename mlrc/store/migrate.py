@@ -31,7 +31,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect, select
 from sqlalchemy.engine import Engine
 
-from mlrc.store.engine import advisory_lock, make_engine, optuna_storage, sqlite_file_lock
+from mlrc.store.engine import advisory_lock, make_engine, sqlite_file_lock
+from mlrc.store.optuna_tables import optuna_storage
 from mlrc.store.reconnect import StoreError, describe, redact
 from mlrc.store.schema import SCHEMA_VERSION, Base, Meta
 
