@@ -168,33 +168,7 @@ def print_status_by_name(engine, name: str) -> None:
         fail(f"no study {name!r} in {store.redact(str(engine.url))}")
     st, trials, folds, tests = status
     label = objective_label(st.config)
-    table = Table(title=f"study {name} ({st.dataset}, {st.loss}, preset {st.preset})")
-    for col in ("trial", "state", label, "± SEM", "params", "reason"):
-        table.add_column(col)
-    for t in trials:
-        table.add_row(
-            str(t.number),
-            t.state,
-            f"{t.value:.4f}" if t.value is not None else "",
-            f"{t.sem:.4f}" if t.sem is not None else "",
-            Text(
-                ", ".join(
-                    f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                    for k, v in t.params.items()
-                )
-            ),
-            Text(reason(t)),  # as written: "[enforce fail at …]" is no markup, ":x:" no emoji
-        )
-    console.print(table)
-    for t in trials:  # below the table too: a narrow terminal wraps the reason column
-        if t.reason and t.state == "complete":  # e.g. scored 0 after a non-finite loss
-            value = f"{t.value:.4f}" if t.value is not None else "-"
-            line = f"trial {t.number} complete  {value}  ({reason(t)})"
-        elif t.reason:
-            line = f"trial {t.number} {t.state}: {t.reason}"
-        else:
-            continue
-        console.print(line, soft_wrap=True, highlight=False, markup=False, emoji=False)
+    _print_trials(f"study {name} ({st.dataset}, {st.loss}, preset {st.preset})", label, trials)
     folds_run = sorted(stored.fold_runs(engine, st.id), key=lambda f: (f.reproduction, f.fold))
     for f in folds_run:  # the test stage's failed or interrupted folds, with their reasons
         if f.kind == "test" and f.status in ("failed", "interrupted"):
@@ -222,6 +196,37 @@ def print_status_by_name(engine, name: str) -> None:
         console.print(TRADITIONAL_NOTE, soft_wrap=True, highlight=False, markup=False)
     print_compute([f.provenance for f in folds_run if f.status == "complete"])
     print_budget(engine, st)
+
+
+def _print_trials(title: str, label: str, trials: list) -> None:
+    """The study's trials as a table, then each reason on a line of its own."""
+    table = Table(title=title)
+    for col in ("trial", "state", label, "± SEM", "params", "reason"):
+        table.add_column(col)
+    for t in trials:
+        table.add_row(
+            str(t.number),
+            t.state,
+            f"{t.value:.4f}" if t.value is not None else "",
+            f"{t.sem:.4f}" if t.sem is not None else "",
+            Text(
+                ", ".join(
+                    f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in t.params.items()
+                )
+            ),
+            Text(reason(t)),  # as written: "[enforce fail at …]" is no markup, ":x:" no emoji
+        )
+    console.print(table)
+    for t in trials:  # below the table too: a narrow terminal wraps the reason column
+        if t.reason and t.state == "complete":  # e.g. scored 0 after a non-finite loss
+            value = f"{t.value:.4f}" if t.value is not None else "-"
+            line = f"trial {t.number} complete  {value}  ({reason(t)})"
+        elif t.reason:
+            line = f"trial {t.number} {t.state}: {t.reason}"
+        else:
+            continue
+        console.print(line, soft_wrap=True, highlight=False, markup=False, emoji=False)
 
 
 def print_compute(provenances: list) -> None:

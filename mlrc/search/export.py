@@ -16,6 +16,8 @@ from mlrc.train import export_model
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from mlrc.store import TestResultRecord
+
 __all__ = ["export_study_file", "export_study_model"]
 
 
@@ -39,14 +41,8 @@ def export_study_model(
     if not rows:
         raise StudyError(f"study {name!r} has no test results yet: run `mlrc study test` first")
     mode = "concatenated" if dim == "512" else "separated"
-    aggregate = {r.reproduction: r for r in rows if r.mode == mode and r.fold == -1}
-    if reproduction is None:
-        reproduction = max(aggregate, key=lambda k: (aggregate[k].map_at_r, -k))
-    elif reproduction not in aggregate:
-        raise StudyError(
-            f"study {name!r} has no reproduction {reproduction} (tested: {sorted(aggregate)})"
-        )
-    chosen = aggregate[reproduction]
+    chosen = _chosen_reproduction(name, rows, mode, reproduction)
+    reproduction = chosen.reproduction
     per_fold = {
         r.fold: r.map_at_r
         for r in rows
@@ -82,6 +78,21 @@ def export_study_model(
     preset = Preset.model_validate(row.config["preset"])
     export_model(preset, paths, out, meta, fmt)
     return meta
+
+
+def _chosen_reproduction(
+    name: str, rows: list[TestResultRecord], mode: str, reproduction: int | None
+) -> TestResultRecord:
+    """The aggregate ``mode`` row of reproduction ``reproduction`` (None: the one with the best
+    test MAP@R, the lowest on a tie); a reproduction not tested is a StudyError."""
+    aggregate = {r.reproduction: r for r in rows if r.mode == mode and r.fold == -1}
+    if reproduction is None:
+        reproduction = max(aggregate, key=lambda k: (aggregate[k].map_at_r, -k))
+    elif reproduction not in aggregate:
+        raise StudyError(
+            f"study {name!r} has no reproduction {reproduction} (tested: {sorted(aggregate)})"
+        )
+    return aggregate[reproduction]
 
 
 def export_study_file(engine: Engine, name: str, new_name: str | None = None) -> dict[str, Any]:
