@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, machine, write_csv  # noqa: E402
 
 from mlrc import store  # noqa: E402
-from mlrc.store import FoldRun  # noqa: E402
+from mlrc.store.schema import FoldRun  # noqa: E402
 from mlrc.train.threads import visible_cores  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

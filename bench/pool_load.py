@@ -106,23 +106,24 @@ class Timers:
         return timed
 
     def install(self) -> None:
-        """Time mlrc's row writes (``mlrc.store.trials``), Optuna's storage (RDBStorage) and the
+        """Time mlrc's row writes (``mlrc.store.studies``, ``trials``, ``results``), Optuna's storage (RDBStorage) and the
         wait for the study's advisory lock; count the trials started (``start_trial``)."""
         import optuna
 
         import mlrc.search.folds as folds
         import mlrc.store
-        from mlrc.store import trials
+        from mlrc.store import results, studies, trials
 
         folds.train_fold = noop_train_fold
-        for name in dir(trials):
-            fn = getattr(trials, name)
-            if (
-                inspect.isfunction(fn)
-                and not name.startswith("_")
-                and fn.__module__ == trials.__name__
-            ):
-                setattr(trials, name, self.wrap("mlrc rows", fn))
+        for module in (studies, trials, results):
+            for name in dir(module):
+                fn = getattr(module, name)
+                if (
+                    inspect.isfunction(fn)
+                    and not name.startswith("_")
+                    and fn.__module__ == module.__name__
+                ):
+                    setattr(module, name, self.wrap("mlrc rows", fn))
         start_trial = trials.start_trial
 
         def counted(*args: Any, **kwargs: Any) -> Any:

@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, write_csv  # noqa: E402
 
 from mlrc import store  # noqa: E402
-from mlrc.store import FoldRun, Study, Trial  # noqa: E402
+from mlrc.store.engine import get_study, session  # noqa: E402
+from mlrc.store.schema import FoldRun, Study, Trial  # noqa: E402
 
 
 def study_file(tmp: Path, pruner: str, a: argparse.Namespace) -> Path:
@@ -87,8 +88,8 @@ def figures(url: str, name: str) -> dict:
     ostudy = optuna.load_study(study_name=name, storage=url)
     best = ostudy.best_trial
     engine = store.connect(url)
-    with store.session(engine) as s:
-        sid = store.get_study(s, name).id
+    with session(engine) as s:
+        sid = get_study(s, name).id
         folds_by_trial = dict(
             s.execute(
                 select(FoldRun.trial_number, func.count())

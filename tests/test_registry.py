@@ -19,6 +19,8 @@ from mlrc import registry, store
 from mlrc.config import default_space
 from mlrc.methods import losses
 from mlrc.registry import Registry, RegistryError, import_submodules
+from mlrc.store.engine import session
+from mlrc.store.schema import Trial
 
 TINY = {  # as tests/search/test_session.py: a study in seconds
     "iterations_per_epoch": 4,
@@ -136,8 +138,8 @@ def test_installed_plugin_loss_is_searched_end_to_end(tmp_path):
     assert "mlrc-tiny-plugin" in warned[0] and "mlrc_tiny_plugin.broken" in warned[0]
     assert "ModuleNotFoundError" in warned[0] and "Traceback" not in run.stderr
 
-    with store.session(store.connect(url)) as s:
-        trials = s.execute(select(store.Trial)).scalars().all()
+    with session(store.connect(url)) as s:
+        trials = s.execute(select(Trial)).scalars().all()
     assert len(trials) == 2 and all(t.state == "complete" for t in trials), trials
     for t in trials:  # the plug-in's own space, shipped beside its module, was searched
         params = t.params if isinstance(t.params, dict) else yaml.safe_load(t.params)

@@ -85,7 +85,7 @@ def demo_study(
     import hashlib
 
     from mlrc.config import StudyConfig, resolve, validate_model
-    from mlrc.store import canonical_json
+    from mlrc.config.identity import canonical_json
 
     cfg = {
         "name": "demo",

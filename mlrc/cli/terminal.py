@@ -160,9 +160,10 @@ TRADITIONAL_NOTE = (
 def print_status_by_name(engine, name: str) -> None:
     from mlrc import store
     from mlrc.config.presets import is_traditional, objective_label
+    from mlrc.store import studies
     from mlrc.store import trials as stored
 
-    status = stored.study_status(engine, name)
+    status = studies.study_status(engine, name)
     if status is None:
         fail(f"no study {name!r} in {store.redact(str(engine.url))}")
     st, trials, folds, tests = status

@@ -25,7 +25,8 @@ from mlrc.config.presets import objective_label
 from mlrc.errors import first_line
 from mlrc.report.tables import collect, is_nonfinite, is_traditional, select_studies, summarize
 from mlrc.store import reads
-from mlrc.store.snapshot import StoredStudies, has_optuna_tables, read_studies
+from mlrc.store.optuna_tables import has_optuna_tables
+from mlrc.store.snapshot import StoredStudies, read_studies
 
 if TYPE_CHECKING:
     from optuna.study import StudyDirection
@@ -87,7 +88,7 @@ class FoldCurve:
 @dataclass
 class Retrieval:
     """The retrieval view of a study's best reproduction (stored by the test stage, see
-    :class:`mlrc.store.RetrievalView`) and its thumbnails: dataset index → ``data:`` URI; empty,
+    :class:`mlrc.store.schema.RetrievalView`) and its thumbnails: dataset index → ``data:`` URI; empty,
     with ``unavailable`` saying why, when the dataset cannot be opened here."""
 
     reproduction: int

@@ -26,7 +26,7 @@ from mlrc.store.provenance import compute_of
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from mlrc.store import Baseline, Study, TestResult
+    from mlrc.store import BaselineRecord, StudyRecord, TestResultRecord
 
 __all__ = [
     "META_COLUMNS",
@@ -181,7 +181,7 @@ def traditional_metrics(dataset: str) -> list[str]:
 
 
 def _row_values(
-    row: TestResult | Baseline, traditional: bool, dataset: str
+    row: TestResultRecord | BaselineRecord, traditional: bool, dataset: str
 ) -> list[tuple[str, float | None]]:
     """(metric, value) of one stored test or baseline row, in table order: the metric columns in
     % (both modes) in a reality-check block; in a traditional block :func:`traditional_metrics`
@@ -208,7 +208,7 @@ class _Group:
     dataset: str
     key: str
     protocol: dict
-    studies: list[Study] = field(default_factory=list)
+    studies: list[StudyRecord] = field(default_factory=list)
     fields: str = ""  # this protocol's differing fields, "" when the dataset has one protocol
     diff: str = ""  # the dataset's differing fields, "" when it has one protocol
     rank: tuple[int, int] = (0, 0)  # (dataset, protocol within the dataset) in table order
@@ -219,7 +219,7 @@ class _Group:
         return is_traditional(self.protocol)
 
 
-def _scope_groups(ordered: list[Study]) -> list[_Group]:
+def _scope_groups(ordered: list[StudyRecord]) -> list[_Group]:
     """Per dataset, per protocol, a group of the studies (given in table order); datasets and
     their protocols in the order of their first study, with their differing fields worded. The
     fields are compared among the traditional protocols and among the others apart: a
@@ -255,7 +255,7 @@ def _word_differences(groups: list[_Group]) -> None:
 
 
 def _study_rows(
-    results: list[tuple[Study, TestResult]],
+    results: list[tuple[StudyRecord, TestResultRecord]],
     group_of: dict[int, _Group],
     rank: dict[str, int],
     meta: dict[int, dict[str, Any]],
@@ -288,7 +288,7 @@ def _study_rows(
 
 
 def _baseline_rows(
-    g: _Group, links: dict[int, str], baselines: dict[str, list[Baseline]]
+    g: _Group, links: dict[int, str], baselines: dict[str, list[BaselineRecord]]
 ) -> list[dict[str, Any]]:
     """One row per (baseline, mode, metric) for the baselines of the group's studies, labelled
     by the baseline's label (with its key's start where two baselines share one)."""

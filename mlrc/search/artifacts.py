@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlrc.config.identity import artifact_key
-from mlrc.store import trials
+from mlrc.store import studies
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -60,7 +60,7 @@ def archive_study(engine: Engine, name: str, artifacts: Path) -> str:
     ``NAME.old-K`` (the first free K) and point its checkpoint paths there; nothing is deleted.
     The folder moves last, inside the store's transaction: a failure before it rolls the rows
     back. Returns the new name."""
-    return trials.archive_study(engine, name, Path(artifacts), move=os.replace)
+    return studies.archive_study(engine, name, Path(artifacts), move=os.replace)
 
 
 @dataclass(frozen=True)

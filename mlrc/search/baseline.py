@@ -7,13 +7,12 @@ import hashlib
 import logging
 from typing import Any
 
-from mlrc import store
 from mlrc.config import ResolvedStudy
-from mlrc.config.identity import code_version
+from mlrc.config.identity import canonical_json, code_version
 from mlrc.protocol import retrieval_metrics
 from mlrc.protocol.analysis import analysis_metrics, recall_ks
 from mlrc.search.session import StudySession
-from mlrc.store import trials
+from mlrc.store import results
 from mlrc.train import UNTRAINED_SEED, View, embed, untrained_trunk
 from mlrc.train.setup import eval_inputs
 
@@ -40,10 +39,10 @@ def ensure_baseline(ctx: StudySession) -> None:
     this study. Separated = concatenated = the trunk's own features (L2-normalised by the
     metrics), as the reference harness does for untrained status."""
     config = baseline_of(ctx.resolved)
-    key = hashlib.sha256(store.canonical_json(config).encode()).hexdigest()[:16]
-    if not trials.has_baseline(ctx.engine, key):
+    key = hashlib.sha256(canonical_json(config).encode()).hexdigest()[:16]
+    if not results.has_baseline(ctx.engine, key):
         _compute_baseline(ctx, key, config)
-    trials.link_baseline(ctx.engine, ctx.study_id, key)
+    results.link_baseline(ctx.engine, ctx.study_id, key)
 
 
 def _compute_baseline(ctx: StudySession, key: str, config: dict[str, Any]) -> None:
@@ -60,7 +59,7 @@ def _compute_baseline(ctx: StudySession, key: str, config: dict[str, Any]) -> No
     m.pop("num_queries")
     ks = (1, 2, 4, 8, *recall_ks(r.study.dataset.name))  # as the test rows (reproductions)
     m |= analysis_metrics(emb, labels, seed=r.study.search.seed, ks=ks)
-    trials.record_baseline(
+    results.record_baseline(
         ctx.engine,
         key,
         m,

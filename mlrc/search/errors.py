@@ -8,7 +8,7 @@ from mlrc.data.base import DatasetError
 from mlrc.errors import interrupt_behind
 from mlrc.protocol import SplitError
 from mlrc.registry import RegistryError
-from mlrc.store import StoreError
+from mlrc.store import StoreError, is_database_error
 
 __all__ = [
     "INTERRUPTED",
@@ -78,8 +78,6 @@ def ending(e: BaseException) -> tuple[str, str | None]:
     grace period, records it as interrupted), ``("failed", reason)`` for everything else, the
     reason being the one-line error the user sees (:func:`failure_reason`). A lost worker (no
     heartbeat) is the third way to be interrupted; it is found by others, not raised."""
-    from mlrc.store.trials import is_database_error
-
     if interrupt_behind(e) is not None:
         return INTERRUPTED, None
     if is_database_error(e):

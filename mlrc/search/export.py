@@ -11,11 +11,13 @@ from mlrc.config import Preset
 from mlrc.config.identity import code_version, params_hash
 from mlrc.search.artifacts import artifact_root, fold_folder, study_folder
 from mlrc.search.errors import StudyError
-from mlrc.store import get_study, session, trials
+from mlrc.store import results, studies, trials
 from mlrc.train import export_model
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
+
+    from mlrc.store import TestResultRecord
 
 __all__ = ["export_study_file", "export_study_model"]
 
@@ -33,25 +35,18 @@ def export_study_model(
     (``reproduction``: that one) — its four fold models concatenated (``dim`` "512") or its
     fold model with the best test MAP@R (``dim`` "128"). Returns what was written (metadata).
     A study without test results, or whose checkpoints were not kept, is a StudyError."""
-    with session(engine) as s:
-        row = get_study(s, name)
+    row = studies.study_named(engine, name)
     if row is None:
         raise StudyError(f"no study {name!r} in the store")
-    results = trials.test_results(engine, row.id)
-    if not results:
+    rows = results.test_results(engine, row.id)
+    if not rows:
         raise StudyError(f"study {name!r} has no test results yet: run `mlrc study test` first")
     mode = "concatenated" if dim == "512" else "separated"
-    aggregate = {r.reproduction: r for r in results if r.mode == mode and r.fold == -1}
-    if reproduction is None:
-        reproduction = max(aggregate, key=lambda k: (aggregate[k].map_at_r, -k))
-    elif reproduction not in aggregate:
-        raise StudyError(
-            f"study {name!r} has no reproduction {reproduction} (tested: {sorted(aggregate)})"
-        )
-    chosen = aggregate[reproduction]
+    chosen = _chosen_reproduction(name, rows, mode, reproduction)
+    reproduction = chosen.reproduction
     per_fold = {
         r.fold: r.map_at_r
-        for r in results
+        for r in rows
         if r.reproduction == reproduction and r.mode == "separated" and r.fold >= 0
     }
     folds = sorted(per_fold)
@@ -86,13 +81,27 @@ def export_study_model(
     return meta
 
 
+def _chosen_reproduction(
+    name: str, rows: list[TestResultRecord], mode: str, reproduction: int | None
+) -> TestResultRecord:
+    """The aggregate ``mode`` row of reproduction ``reproduction`` (None: the one with the best
+    test MAP@R, the lowest on a tie); a reproduction not tested is a StudyError."""
+    aggregate = {r.reproduction: r for r in rows if r.mode == mode and r.fold == -1}
+    if reproduction is None:
+        reproduction = max(aggregate, key=lambda k: (aggregate[k].map_at_r, -k))
+    elif reproduction not in aggregate:
+        raise StudyError(
+            f"study {name!r} has no reproduction {reproduction} (tested: {sorted(aggregate)})"
+        )
+    return aggregate[reproduction]
+
+
 def export_study_file(engine: Engine, name: str, new_name: str | None = None) -> dict[str, Any]:
     """The study file of study ``name`` with its best trial's parameters fixed (nothing left to
     search: ``mlrc study test`` runs its test stage directly), its seed, sampler and budget of
     reproductions, and its whole resolved preset as ``overrides`` (the same numbers whatever
     the preset files say later). Named ``new_name`` (default ``<name>-exported``)."""
-    with session(engine) as s:
-        row = get_study(s, name)
+    row = studies.study_named(engine, name)
     if row is None:
         raise StudyError(f"no study {name!r} in the store")
     best = trials.best_trial(engine, row.id)

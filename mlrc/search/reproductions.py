@@ -24,7 +24,7 @@ import optuna
 from optuna.trial import TrialState
 
 from mlrc import store
-from mlrc.config.identity import code_version, derive_seed, params_hash
+from mlrc.config.identity import canonical_json, code_version, derive_seed, params_hash
 from mlrc.errors import first_line
 from mlrc.protocol import concatenate_embeddings, retrieval_metrics
 from mlrc.protocol.analysis import analysis_metrics, metrix_utilization, recall_ks
@@ -34,7 +34,7 @@ from mlrc.search.baseline import ensure_baseline, view_of_test_classes
 from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending, interrupt_behind
 from mlrc.search.folds import FoldJob, run_fold
 from mlrc.search.session import StudySession
-from mlrc.store import trials
+from mlrc.store import results, trials
 from mlrc.train import View, embed, load_model
 from mlrc.train.setup import eval_inputs
 
@@ -90,8 +90,8 @@ def run_test(ctx: StudySession) -> list[str]:
 
 def _tested(ctx: StudySession, params: dict[str, Any], rep: int) -> bool:
     """Whether reproduction ``rep`` of ``params`` has all its rows stored."""
-    done = trials.reproduction_results(ctx.engine, ctx.study_id, rep)
-    same = [r for r in done if store.canonical_json(r.params) == store.canonical_json(params)]
+    done = results.reproduction_results(ctx.engine, ctx.study_id, rep)
+    same = [r for r in done if canonical_json(r.params) == canonical_json(params)]
     return len(same) == len(ctx.split.folds) + 2
 
 
@@ -193,7 +193,7 @@ def _train_and_test(
     # best_epoch: the epoch each fold model was taken at (traditional: chosen on the test set)
     rows.append(("concatenated", -1, {**m, "best_epoch": float(np.mean(epochs))}))
     view = _retrieval_view(ctx, joined, test_view, rep)
-    trials.record_reproduction(ctx.engine, ctx.study_id, rep, params, rows, view)
+    results.record_reproduction(ctx.engine, ctx.study_id, rep, params, rows, view)
     retention.collect(ctx)  # its folds' checkpoints are read no more (kept under keep: best)
     ctx.tracker.reproduction_finished(rep, params, rows)
     return None

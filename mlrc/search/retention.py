@@ -27,7 +27,7 @@ from mlrc.search.artifacts import (
     remove_tree,
     study_folder,
 )
-from mlrc.store import history, trials
+from mlrc.store import history, results, studies, trials
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -88,7 +88,7 @@ def collect_study(
     best = trials.best_trial_hash(engine, study_id)
     # a running trial (another worker's) may become the best: its finished folds wait
     contenders = {best} | trials.running_trial_hashes(engine, study_id)
-    tested = trials.tested_reproductions(engine, study_id)
+    tested = results.tested_reproductions(engine, study_id)
     freed: list[Freed] = []
     for row in trials.fold_runs(engine, study_id):
         names = kept(
@@ -162,7 +162,7 @@ def gc(
     ``resume``; ``keep`` overrides it) does not keep. Only the folders of the studies' own
     configurations are touched: other folders under a study's (another store's study of the
     same name, say) are left alone. ``names``: these studies only (unknown: StoreError)."""
-    rows = trials.studies(engine)
+    rows = studies.studies(engine)
     if names:
         missing = sorted(set(names) - {r.name for r in rows})
         if missing:

@@ -39,7 +39,7 @@ from mlrc.search.artifacts import (
 from mlrc.search.errors import StudyError
 from mlrc.search.retention import collect_study
 from mlrc.search.tracking import Tracker, open_tracker, study_run
-from mlrc.store import history, trials
+from mlrc.store import history, studies
 from mlrc.train import threads as cpu
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def open_study(
     engine = store.connect(url)
     with sqlite_lock(engine, resolved.study.name):
         if force_new:
-            old = trials.stored_config(engine, resolved.study.name)
+            old = studies.stored_config(engine, resolved.study.name)
             if old is not None and identity_change(old, resolved.fingerprint()) is not None:
                 new_name = archive_study(engine, resolved.study.name, Path(artifacts))
                 log.warning("the stored study %r was archived as %r", resolved.study.name, new_name)
@@ -238,7 +238,7 @@ def _register(
         "threads": threads or cpu.study_threads(),
         "file": file_settings(resolved),
     }
-    study_id, stored = trials.ensure_study(
+    study_id, stored = studies.ensure_study(
         engine,
         study.name,
         dataset=study.dataset.name,

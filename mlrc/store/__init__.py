@@ -1,122 +1,91 @@
 """The store: mlrc's own tables beside Optuna's, in one SQL database (SQLite or PostgreSQL).
 
-The public names live in private-ish modules behind this package:
+Callers (search, report, the CLI) get named operations and frozen records, never a session or
+an ORM row. This face exports what they use; the rooms behind it:
 
-- :mod:`mlrc.store.schema`: the tables (ORM classes), :data:`SCHEMA_VERSION`, metric columns;
-- :mod:`mlrc.store.engine`: :func:`connect`, locks, :func:`session` / :func:`transact` /
-  :func:`upsert`;
+- :mod:`mlrc.store.records`: what queries hand out: :class:`StudyRecord`,
+  :class:`TrialRecord`, :class:`FoldRunRecord`, :class:`TestResultRecord`,
+  :class:`BaselineRecord`, :class:`HistoryRecord`, :class:`StudyProgress` (frozen dataclasses
+  with the tables' column names, as Optuna's ``FrozenTrial``);
+- the queries, one module per job, each function named for what it does:
+  :mod:`~mlrc.store.studies` (register, read, archive a study; its status),
+  :mod:`~mlrc.store.trials` (trials and fold runs of the search),
+  :mod:`~mlrc.store.results` (test results, retrieval views, the untrained baseline),
+  :mod:`~mlrc.store.history` (a study's settings and their changes),
+  :mod:`~mlrc.store.campaigns` (which studies a campaign holds, their progress),
+  :mod:`~mlrc.store.reads` (what the report's tables read),
+  :mod:`~mlrc.store.snapshot` (what the dashboard reads);
+- :mod:`mlrc.store.provenance` (no SQL): what computed a study's fold runs, in words;
+- :mod:`mlrc.store.engine`: engines and locks;
+  its sessions, ``transact``, ``upsert`` and ``get_study`` are the query modules' own;
 - :mod:`mlrc.store.reconnect`: :class:`StoreError`, URLs shown without passwords, database
   errors as one line, retry after a lost connection;
+- :mod:`mlrc.store.optuna_tables`: Optuna's storage on the same database and the only SQL
+  against Optuna's own tables (heartbeats, renaming its study);
+- :mod:`mlrc.store.schema`: the tables (ORM classes, for the store, its migrations and tests),
+  :data:`~mlrc.store.schema.SCHEMA_VERSION`, the metric columns;
 - :mod:`mlrc.store.migrate`: the Alembic migrations (``mlrc/store/migrations/``) that bring an
-  older store to this mlrc's schema: :func:`upgrade`, :func:`current`.
+  older store to this mlrc's schema: :func:`connect` (the door: an engine at this mlrc's schema),
+  :func:`upgrade`, :func:`current`;
+- :mod:`mlrc.store.throwaway`: a throwaway PostgreSQL server for tests and benchmarks.
 
-Every query, named for what it does, in one module per caller:
-
-- :mod:`mlrc.store.trials`: the search and test stage (start/finish a trial or a fold, epochs,
-  reproductions, the untrained baseline, a study's status);
-- :mod:`mlrc.store.history`: a study's budget and retention changes;
-- :mod:`mlrc.store.campaigns`: which studies a campaign holds and their progress;
-- :mod:`mlrc.store.reads`: what the report's tables read;
-- :mod:`mlrc.store.snapshot`: what the dashboard reads;
-- :mod:`mlrc.store.provenance` (no SQL): what computed a study's fold runs, in words, for
-  ``study status`` and the report's notes.
-
-SQL lives only in this package (an import-linter contract in pyproject.toml keeps it so).
+SQL lives only in this package, and ORM classes and sessions stay inside it (import-linter
+contracts in pyproject.toml keep it so).
 """
 
-from mlrc.config.identity import canonical_json  # the store hashes what config compares
-from mlrc.store import campaigns, history, reads, snapshot, trials
-from mlrc.store.engine import (
-    advisory_lock,
-    connect,
-    get_study,
-    make_engine,
-    optuna_storage,
-    removed_lock_file,
-    session,
-    sqlite_file_lock,
-    sqlite_path,
-    transact,
-    unbeaten_trials,
-    upsert,
-)
-from mlrc.store.migrate import current, upgrade
+from mlrc.store import campaigns, history, provenance, reads, results, snapshot, studies, trials
+from mlrc.store.engine import advisory_lock, removed_lock_file, sqlite_path
+from mlrc.store.migrate import connect, current, upgrade
+from mlrc.store.optuna_tables import optuna_storage, unbeaten_trials
 from mlrc.store.reconnect import (
-    URL_FORMS,
     StoreError,
+    absolute_url,
     db_error_line,
-    default_url,
-    describe,
-    reconnect_window_s,
+    is_database_error,
     redact,
     retry,
-    retry_connects,
-    shown,
-    sqlite_busy_s,
 )
-from mlrc.store.schema import (
-    METRIC_COLUMNS,
-    NONFINITE,
-    SCHEMA_VERSION,
-    Base,
-    Baseline,
-    CampaignStudy,
-    EpochMetric,
-    FoldRun,
-    Meta,
-    RetrievalView,
-    Study,
-    StudyBaseline,
-    StudyHistory,
-    TestResult,
-    Trial,
+from mlrc.store.records import (
+    BaselineRecord,
+    FoldRunRecord,
+    HistoryRecord,
+    StudyProgress,
+    StudyRecord,
+    TestResultRecord,
+    TrialRecord,
 )
+from mlrc.store.schema import METRIC_COLUMNS, NONFINITE
 
 __all__ = [
     "METRIC_COLUMNS",
     "NONFINITE",
-    "SCHEMA_VERSION",
-    "URL_FORMS",
-    "Base",
-    "Baseline",
-    "CampaignStudy",
-    "EpochMetric",
-    "FoldRun",
-    "Meta",
-    "RetrievalView",
+    "BaselineRecord",
+    "FoldRunRecord",
+    "HistoryRecord",
     "StoreError",
-    "Study",
-    "StudyBaseline",
-    "StudyHistory",
-    "TestResult",
-    "Trial",
+    "StudyProgress",
+    "StudyRecord",
+    "TestResultRecord",
+    "TrialRecord",
+    "absolute_url",
     "advisory_lock",
     "campaigns",
-    "canonical_json",
     "connect",
     "current",
     "db_error_line",
-    "default_url",
-    "describe",
-    "get_study",
     "history",
-    "make_engine",
+    "is_database_error",
     "optuna_storage",
+    "provenance",
     "reads",
-    "reconnect_window_s",
     "redact",
-    "retry",
-    "retry_connects",
-    "session",
-    "snapshot",
-    "shown",
-    "sqlite_busy_s",
     "removed_lock_file",
-    "sqlite_file_lock",
+    "results",
+    "retry",
+    "snapshot",
     "sqlite_path",
-    "transact",
+    "studies",
     "trials",
     "unbeaten_trials",
     "upgrade",
-    "upsert",
 ]

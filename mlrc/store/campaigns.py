@@ -4,12 +4,12 @@ in campaign order, with the campaign's configuration) and each study's progress 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, select
 
 from mlrc.store.engine import get_study, session, transact, upsert
+from mlrc.store.records import StudyProgress
 from mlrc.store.schema import CampaignStudy, FoldRun, TestResult, Trial
 
 if TYPE_CHECKING:
@@ -72,19 +72,6 @@ def last_campaign_config(engine: Engine, name: str) -> dict[str, Any] | None:
             .limit(1)
         ).scalar_one_or_none()
         return None if row is None else row.campaign_config
-
-
-@dataclass(frozen=True)
-class StudyProgress:
-    """What the store holds of one study's progress: its stored configuration, its trials'
-    ``(state, reason)`` in order, the number of reproductions tested, its test fold runs'
-    ``(status, reproduction, fold, reason)`` in order and its trials' numbers (as ``trials``)."""
-
-    config: dict[str, Any]
-    trials: list[tuple[str, str | None]]
-    reproductions: int
-    test_folds: list[tuple[str, int, int, str | None]]
-    numbers: list[int] = field(default_factory=list)
 
 
 def study_progress(engine: Engine, name: str) -> StudyProgress | None:

@@ -1,10 +1,12 @@
 """Connections to the store: engines, locks, transactions.
 
-:func:`connect` is the door: an engine whose tables are at this mlrc's schema. The rest is what
-the query modules build on: :func:`session` / :func:`transact` (one transaction, re-run after a
+The door, :func:`mlrc.store.connect` (an engine whose tables are at this mlrc's schema), is
+:mod:`mlrc.store.migrate`'s: it builds on :func:`make_engine` here. The rest is what the query
+modules build on: :func:`session` / :func:`transact` (one transaction, re-run after a
 lost PostgreSQL connection), :func:`upsert` (idempotent writes), :func:`advisory_lock` (a
-cluster-wide mutex) and :func:`optuna_storage` (Optuna's storage on the same database). URLs,
-errors and retry are in :mod:`mlrc.store.reconnect`.
+cluster-wide mutex). URLs, errors and retry are in :mod:`mlrc.store.reconnect`; Optuna's storage
+and tables in :mod:`mlrc.store.optuna_tables`. Sessions, :func:`upsert` and :func:`get_study`
+hand out ORM rows: they are for the store's own modules (and tests), never for its callers.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def advisory_lock(engine: Engine, name: str) -> Iterator[None]:
 
 
 def make_engine(url: str, read_only: bool = False) -> Engine:
-    """An engine for ``url`` as it is: no table is created or checked (see :func:`connect`).
+    """An engine for ``url`` as it is: no table is created or checked (see :func:`mlrc.store.migrate.connect`).
 
     A URL that cannot be used is a :class:`StoreError`; so is, when ``read_only``, a SQLite file
     that does not exist (it is not created: a typo in the URL would show an empty store)."""
@@ -82,21 +84,6 @@ def make_engine(url: str, read_only: bool = False) -> Engine:
             )
         event.listen(engine, "connect", _sqlite_pragmas)
     return retry_connects(engine)
-
-
-def connect(url: str, read_only: bool = False) -> Engine:
-    """Engine for ``url``; creates mlrc's tables and Optuna's, or upgrades them to this mlrc's
-    schema (:func:`mlrc.store.migrate.prepare`), and refuses a store of a newer mlrc.
-
-    PostgreSQL engines ping pooled connections and retry lost ones (:func:`retry_connects`);
-    table creation is serialised by an advisory lock, so many workers may start at once.
-    ``read_only`` (commands that only read): a SQLite file that does not exist is a
-    :class:`StoreError` and is not created (a typo in the URL would show an empty store)."""
-    from mlrc.store.migrate import prepare  # the migrations build on this module
-
-    engine = make_engine(url, read_only)
-    prepare(engine, url)
-    return engine
 
 
 def sqlite_path(engine: Engine) -> str | None:
@@ -175,32 +162,6 @@ def sqlite_file_lock(engine: Engine, name: str) -> Iterator[None]:
         with suppress(OSError):
             held.enter_context(removed_lock_file(f"{database}.{name}.lock"))
         yield
-
-
-def optuna_storage(url: str, **heartbeat: Any) -> Any:
-    """Optuna's RDB storage on the same database, with pinged, retrying connections.
-    ``heartbeat``: ``heartbeat_interval``, ``grace_period``, ``heartbeat_stale_trial_callback``."""
-    import optuna
-
-    kwargs = {"pool_pre_ping": True} if not url.startswith("sqlite") else {}
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **heartbeat)
-    retry_connects(storage.engine, connected=True)
-    return storage
-
-
-def unbeaten_trials(engine: Engine, optuna_study_id: int) -> list[tuple[int, int]]:
-    """(trial id, number) of the RUNNING trials of Optuna's study ``optuna_study_id`` that have
-    never recorded a heartbeat (read from Optuna's tables, which have no API for it)."""
-    from sqlalchemy import text
-
-    q = text(
-        "SELECT t.trial_id, t.number FROM trials t"
-        " LEFT JOIN trial_heartbeats h ON h.trial_id = t.trial_id"
-        " WHERE t.study_id = :sid AND t.state = 'RUNNING' AND h.trial_id IS NULL"
-        " ORDER BY t.number"
-    )
-    with engine.connect() as c:
-        return [(r[0], r[1]) for r in c.execute(q, {"sid": optuna_study_id})]
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:

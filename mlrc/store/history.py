@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from mlrc.store.engine import advisory_lock, transact
+from mlrc.store.records import HistoryRecord, from_row
 from mlrc.store.schema import Study, StudyHistory
 
 if TYPE_CHECKING:
@@ -77,9 +78,13 @@ def _history(s: Session, study_id: int) -> list[StudyHistory]:
     return list(s.execute(query.order_by(StudyHistory.time, StudyHistory.id)).scalars())
 
 
-def study_history(engine: Engine, study_id: int) -> list[StudyHistory]:
+def study_history(engine: Engine, study_id: int) -> list[HistoryRecord]:
     """The study's history, oldest first."""
-    return transact(engine, lambda s: _history(s, study_id), "reading the study's history")
+
+    def read(s: Session) -> list[HistoryRecord]:
+        return [from_row(HistoryRecord, h) for h in _history(s, study_id)]
+
+    return transact(engine, read, "reading the study's history")
 
 
 def last_values(engine: Engine, study_id: int) -> dict[str, Any]:

@@ -14,6 +14,8 @@ still opens up to its version check); others wait for ``mlrc store upgrade``. A 
 mlrc (schema version or revision unknown here) is refused with a one-line :class:`StoreError`.
 ``mlrc_meta.schema_version`` is kept current: older releases refuse newer stores by that number.
 Alembic's version table is ``mlrc_alembic_version``; Optuna's ``alembic_version`` is left alone.
+:func:`connect`, the store's door, lives here (not in :mod:`mlrc.store.engine`, which the
+migrations build on) so that no two store modules import each other.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect, select
 from sqlalchemy.engine import Engine
 
-from mlrc.store.engine import advisory_lock, make_engine, optuna_storage, sqlite_file_lock
+from mlrc.store.engine import advisory_lock, make_engine, sqlite_file_lock
+from mlrc.store.optuna_tables import optuna_storage
 from mlrc.store.reconnect import StoreError, describe, redact
 from mlrc.store.schema import SCHEMA_VERSION, Base, Meta
 
@@ -256,3 +259,16 @@ def _quiet_alembic() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def connect(url: str, read_only: bool = False) -> Engine:
+    """Engine for ``url``; creates mlrc's tables and Optuna's, or upgrades them to this mlrc's
+    schema (:func:`prepare`), and refuses a store of a newer mlrc.
+
+    PostgreSQL engines ping pooled connections and retry lost ones (:func:`retry_connects`);
+    table creation is serialised by an advisory lock, so many workers may start at once.
+    ``read_only`` (commands that only read): a SQLite file that does not exist is a
+    :class:`StoreError` and is not created (a typo in the URL would show an empty store)."""
+    engine = make_engine(url, read_only)
+    prepare(engine, url)
+    return engine

@@ -1,6 +1,7 @@
 """Reads for the test-result tables (:mod:`mlrc.report.tables`): which studies a selection
 names, and everything a table shows of them — final test results, complete trials' reasons,
-the untrained baselines they link to. Read-only; every function opens its own session."""
+the untrained baselines they link to. Read-only; every function opens its own session and
+hands out records (:mod:`mlrc.store.records`) or plain values."""
 
 from __future__ import annotations
 
@@ -11,6 +12,13 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 
 from mlrc.store.engine import session
+from mlrc.store.records import (
+    BaselineRecord,
+    HistoryRecord,
+    StudyRecord,
+    TestResultRecord,
+    from_row,
+)
 from mlrc.store.schema import (
     Baseline,
     CampaignStudy,
@@ -37,7 +45,7 @@ __all__ = [
     "tested_study_names",
 ]
 
-# NAME.old-K: a study archived by ``study run --force-new`` (:func:`mlrc.store.trials.archive_study`)
+# NAME.old-K: a study archived by ``study run --force-new`` (:func:`mlrc.store.studies.archive_study`)
 _ARCHIVED = re.compile(r"(?P<name>.+)\.old-\d+")
 
 
@@ -94,14 +102,15 @@ def existing_study_names(engine: Engine, names: list[str]) -> set[str]:
 
 @dataclass
 class TableInputs:
-    """What the test-result table shows of some studies, read in one transaction. The ORM rows
-    are detached (readable, not refreshed)."""
+    """What the test-result table shows of some studies, read in one transaction, as records
+    (:mod:`mlrc.store.records`)."""
 
-    results: list[tuple[Study, TestResult]]  # final results (fold -1), each with its study
+    # final results (fold -1), each with its study (one record per study, shared)
+    results: list[tuple[StudyRecord, TestResultRecord]]
     trial_reasons: list[tuple[int, str | None]]  # (study id, reason) per complete trial
     baseline_links: dict[int, str]  # study id -> baseline key
-    baselines: dict[str, list[Baseline]] = field(default_factory=dict)  # key -> one per mode
-    history: dict[int, list[StudyHistory]] = field(default_factory=dict)  # study id -> changes
+    baselines: dict[str, list[BaselineRecord]] = field(default_factory=dict)  # key -> per mode
+    history: dict[int, list[HistoryRecord]] = field(default_factory=dict)  # study id -> changes
     # study id -> (complete test fold runs, of them kept at epoch 0: the untrained model)
     test_epochs: dict[int, tuple[int, int]] = field(default_factory=dict)
     # study id -> the torch thread counts its complete fold runs recorded (several: say so)
@@ -132,13 +141,18 @@ def table_inputs(engine: Engine, names: list[str]) -> TableInputs:
         )
 
 
-def _final_results(s: Session, names: list[str]) -> list[tuple[Study, TestResult]]:
+def _final_results(s: Session, names: list[str]) -> list[tuple[StudyRecord, TestResultRecord]]:
     q = (
         select(Study, TestResult)
         .join(TestResult, TestResult.study_id == Study.id)
         .where(TestResult.fold == -1, Study.name.in_(names))
     )
-    return [(st, tr) for st, tr in s.execute(q).all()]
+    studies: dict[int, StudyRecord] = {}  # as the session's identity map: one per study
+    out = []
+    for st, tr in s.execute(q).all():
+        record = studies.setdefault(st.id, from_row(StudyRecord, st))
+        out.append((record, from_row(TestResultRecord, tr)))
+    return out
 
 
 def _complete_trial_reasons(s: Session, study_ids: list[int]) -> list[tuple[int, str | None]]:
@@ -170,18 +184,18 @@ def _baseline_links(s: Session, study_ids: list[int]) -> dict[int, str]:
     return dict(s.execute(q).all())
 
 
-def _baselines(s: Session, keys: list[str]) -> dict[str, list[Baseline]]:
-    out: dict[str, list[Baseline]] = {}
+def _baselines(s: Session, keys: list[str]) -> dict[str, list[BaselineRecord]]:
+    out: dict[str, list[BaselineRecord]] = {}
     for b in s.execute(select(Baseline).where(Baseline.key.in_(keys))).scalars():
-        out.setdefault(b.key, []).append(b)
+        out.setdefault(b.key, []).append(from_row(BaselineRecord, b))
     return out
 
 
-def _history(s: Session, study_ids: list[int]) -> dict[int, list[StudyHistory]]:
-    out: dict[int, list[StudyHistory]] = {}
+def _history(s: Session, study_ids: list[int]) -> dict[int, list[HistoryRecord]]:
+    out: dict[int, list[HistoryRecord]] = {}
     q = select(StudyHistory).where(StudyHistory.study_id.in_(study_ids))
     for h in s.execute(q.order_by(StudyHistory.time, StudyHistory.id)).scalars():
-        out.setdefault(h.study_id, []).append(h)
+        out.setdefault(h.study_id, []).append(from_row(HistoryRecord, h))
     return out
 
 

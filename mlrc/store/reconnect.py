@@ -1,5 +1,6 @@
-"""What every database call stands on: the store's error, URLs shown without their password,
-database errors as one line, and waiting out a lost connection (tenacity, exponential backoff)."""
+"""What every database call stands on: the store's error, URLs shown without their password
+(or made absolute for other processes), database errors as one line (and told from the work's
+own), and waiting out a lost connection (tenacity, exponential backoff)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import math
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -215,6 +218,21 @@ def retry(fn: Callable[[], T], engine: Engine, what: str) -> T:
         before_sleep=_warn("%s: connection lost (%s); retrying in %.1f s", what),
         retry_error_callback=give_up,
     )(fn)
+
+
+def absolute_url(url: str) -> str:
+    """A relative SQLite path made absolute (for processes that run in other directories, such
+    as Ray's trials); other URLs unchanged."""
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
+        return u.set(database=str(Path(u.database).resolve())).render_as_string(hide_password=False)
+    return url
+
+
+def is_database_error(e: BaseException) -> bool:
+    """Whether ``e`` is the database failing (a :class:`StoreError` or a driver error), not the
+    work being done."""
+    return isinstance(e, StoreError | DBAPIError)
 
 
 def _is_disconnect(e: Exception, engine: Engine) -> bool:

@@ -2,7 +2,7 @@
 trials, search fold runs, validation curves, tested reproductions and campaigns, in one session.
 
 Every query is named for what it reads and returns plain rows (named tuples), never ORM objects
-bound to a session.
+bound to a session; the one the dashboard calls is :func:`read_studies`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, inspect, select
+from sqlalchemy import func, select
 
 from mlrc.store.engine import session
 from mlrc.store.schema import (
@@ -27,18 +27,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine, Row
     from sqlalchemy.orm import Session
 
-__all__ = [
-    "StoredStudies",
-    "best_retrieval_views",
-    "campaign_membership",
-    "has_optuna_tables",
-    "read_studies",
-    "reproductions_tested",
-    "search_epochs",
-    "search_fold_runs",
-    "studies_named",
-    "trials_of",
-]
+__all__ = ["StoredStudies", "read_studies"]
 
 
 @dataclass
@@ -50,7 +39,7 @@ class StoredStudies:
     ``fold_runs`` and ``epochs``: their trials (by study, number), search fold runs (by study,
     id) and those runs' epochs (by fold run, epoch); ``reproductions``: study id → number of
     reproductions with a test result (studies without any are absent); ``retrieval``: study id →
-    the retrieval view of its best reproduction (:func:`best_retrieval_views`)."""
+    the retrieval view of its best reproduction (highest concatenated test MAP@R)."""
 
     campaigns: dict[int, list[str]] = field(default_factory=dict)
     studies: list[Row[Any]] = field(default_factory=list)
@@ -61,7 +50,7 @@ class StoredStudies:
     retrieval: dict[int, Row[Any]] = field(default_factory=dict)
 
 
-def campaign_membership(s: Session) -> dict[int, list[str]]:
+def _campaign_membership(s: Session) -> dict[int, list[str]]:
     """Study id → the campaigns it belongs to, ordered by campaign name, then position."""
     members = s.execute(
         select(CampaignStudy.study_id, CampaignStudy.campaign).order_by(
@@ -74,7 +63,7 @@ def campaign_membership(s: Session) -> dict[int, list[str]]:
     return in_campaigns
 
 
-def studies_named(s: Session, names: list[str]) -> list[Row[Any]]:
+def _studies_named(s: Session, names: list[str]) -> list[Row[Any]]:
     """The studies among ``names`` that exist, in the order of ``names``: ``id, name, dataset,
     loss, strategy, preset, created, code_version, config``."""
     found = {
@@ -96,7 +85,7 @@ def studies_named(s: Session, names: list[str]) -> list[Row[Any]]:
     return [found[n] for n in names if n in found]
 
 
-def trials_of(s: Session, ids: list[int]) -> list[Row[Any]]:
+def _trials_of(s: Session, ids: list[int]) -> list[Row[Any]]:
     """The trials of the studies ``ids``, by study and number: ``study_id, number, state, value,
     sem, params, params_hash, reason``."""
     return list(
@@ -117,7 +106,7 @@ def trials_of(s: Session, ids: list[int]) -> list[Row[Any]]:
     )
 
 
-def search_fold_runs(s: Session, ids: list[int]) -> list[Row[Any]]:
+def _search_fold_runs(s: Session, ids: list[int]) -> list[Row[Any]]:
     """The search fold runs of the studies ``ids``, by study and id: ``study_id, id, fold,
     trial_number, params_hash, status, best_epoch, map_at_r``."""
     return list(
@@ -138,7 +127,7 @@ def search_fold_runs(s: Session, ids: list[int]) -> list[Row[Any]]:
     )
 
 
-def search_epochs(s: Session, ids: list[int]) -> list[Row[Any]]:
+def _search_epochs(s: Session, ids: list[int]) -> list[Row[Any]]:
     """The validated epochs of the search fold runs of the studies ``ids``, by fold run and
     epoch: ``study_id, fold_run_id, epoch, map_at_r, train_loss``."""
     return list(
@@ -157,7 +146,7 @@ def search_epochs(s: Session, ids: list[int]) -> list[Row[Any]]:
     )
 
 
-def reproductions_tested(s: Session, ids: list[int]) -> dict[int, int]:
+def _reproductions_tested(s: Session, ids: list[int]) -> dict[int, int]:
     """Study id → how many reproductions have a test result (studies without one are absent)."""
     return dict(
         s.execute(
@@ -168,7 +157,7 @@ def reproductions_tested(s: Session, ids: list[int]) -> dict[int, int]:
     )
 
 
-def best_retrieval_views(s: Session, ids: list[int]) -> dict[int, Row[Any]]:
+def _best_retrieval_views(s: Session, ids: list[int]) -> dict[int, Row[Any]]:
     """Study id → the retrieval view of its best reproduction among those that have one (highest
     concatenated test MAP@R, then the lowest reproduction): ``study_id, reproduction, map_at_r,
     data``. Studies without a view are absent; only the chosen views' data is read."""
@@ -216,20 +205,14 @@ def read_studies(engine: Engine, names: list[str]) -> StoredStudies:
     """Everything the dashboard shows of the studies ``names`` (unknown names are skipped), read
     in one session so the page is consistent."""
     with session(engine) as s:
-        studies = studies_named(s, names)
+        studies = _studies_named(s, names)
         ids = [st.id for st in studies]
         return StoredStudies(
-            campaigns=campaign_membership(s),
+            campaigns=_campaign_membership(s),
             studies=studies,
-            trials=trials_of(s, ids),
-            fold_runs=search_fold_runs(s, ids),
-            epochs=search_epochs(s, ids),
-            reproductions=reproductions_tested(s, ids),
-            retrieval=best_retrieval_views(s, ids),
+            trials=_trials_of(s, ids),
+            fold_runs=_search_fold_runs(s, ids),
+            epochs=_search_epochs(s, ids),
+            reproductions=_reproductions_tested(s, ids),
+            retrieval=_best_retrieval_views(s, ids),
         )
-
-
-def has_optuna_tables(engine: Engine) -> bool:
-    """Whether the store holds Optuna's tables (its ``studies`` table)."""
-    with engine.connect() as conn:
-        return inspect(conn).has_table("studies")

@@ -24,6 +24,8 @@ from typer.testing import CliRunner
 
 from mlrc import store
 from mlrc.cli import app
+from mlrc.store.engine import session
+from mlrc.store.schema import Study, Trial
 
 runner = CliRunner()
 NO_CUDA = (
@@ -425,8 +427,8 @@ def test_a_real_process_ends_in_one_line_without_a_traceback(tmp_path):
 def test_status_shows_why_a_complete_trial_scored_zero(tmp_path):
     url = f"sqlite:///{tmp_path / 'mlrc.db'}"
     engine = store.connect(url)
-    with store.session(engine) as s:
-        study = store.Study(
+    with session(engine) as s:
+        study = Study(
             name="s",
             dataset="glyphs",
             loss="contrastive",
@@ -445,7 +447,7 @@ def test_status_shows_why_a_complete_trial_scored_zero(tmp_path):
         ]
         for number, state, value, sem, reason in rows:
             s.add(
-                store.Trial(
+                Trial(
                     study_id=study.id,
                     number=number,
                     params={"lr": 0.001},

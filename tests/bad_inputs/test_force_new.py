@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from mlrc import store
 from mlrc.cli import app
-from mlrc.store import FoldRun, Study
+from mlrc.store.engine import session
+from mlrc.store.schema import FoldRun, Study
 
 runner = CliRunner()
 
@@ -46,7 +47,7 @@ def test_changed_study_is_refused_then_archived_with_force_new(tmp_path):
     forced = runner.invoke(app, ["study", "run", changed, *opts, "--force-new"])
     assert forced.exit_code == 0, forced.output
     engine = store.connect(url)
-    with store.session(engine) as s:
+    with session(engine) as s:
         studies = {st.name: st for st in s.scalars(select(Study))}
         assert set(studies) == {"dup", "dup.old-1"}
         assert studies["dup.old-1"].config["preset"]["max_epochs"] == 1

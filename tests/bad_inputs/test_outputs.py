@@ -19,7 +19,8 @@ from PIL import Image
 from sqlalchemy import select
 
 from mlrc import store
-from mlrc.store import Study, TestResult
+from mlrc.store.engine import session
+from mlrc.store.schema import Study, TestResult
 
 from .conftest import invoke
 
@@ -62,7 +63,7 @@ def filled_store(path: Path) -> str:
     """A store with one study and two final test results, written by hand."""
     url = f"sqlite:///{path}"
     engine = store.connect(url)
-    with store.session(engine) as s:
+    with session(engine) as s:
         st = Study(
             name="a", dataset="d", loss="contrastive", preset="cpu", config={}, code_version="t"
         )
@@ -206,7 +207,7 @@ def test_too_few_classes_says_what_is_needed_and_found_and_names_the_file(tmp_pa
     )
     if (tmp_path / "mlrc.db").exists():  # nothing registered
         engine = store.connect(url, read_only=True)
-        with store.session(engine) as s:
+        with session(engine) as s:
             assert s.scalars(select(Study)).all() == []
 
 

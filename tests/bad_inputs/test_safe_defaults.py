@@ -31,6 +31,8 @@ import yaml
 from typer.testing import CliRunner
 
 from mlrc.cli import app
+from mlrc.store.engine import session
+from mlrc.store.schema import Study
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mlrc"
 PASSWORD = "Sd-s3cret-4k"  # the role's real password
@@ -409,10 +411,10 @@ def test_names_read_from_the_store_never_become_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(work)
     url = f"sqlite:///{tmp_path / 'store.db'}"
     engine = store.connect(url)
-    with store.session(engine) as s:
+    with session(engine) as s:
         for name in ("../escape", str(tmp_path / "absolute"), "a/b", "<script>x</script>"):
             s.add(
-                store.Study(
+                Study(
                     name=name,
                     dataset="glyphs",
                     loss="contrastive",

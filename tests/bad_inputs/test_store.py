@@ -29,6 +29,9 @@ from typer.testing import CliRunner
 
 from mlrc import store
 from mlrc.cli import app
+from mlrc.store.engine import session, transact
+from mlrc.store.reconnect import URL_FORMS
+from mlrc.store.schema import SCHEMA_VERSION, Meta, Study
 
 PASSWORD = "Pw-s3cret-9x"  # the role's real password: must never be shown
 WRONG = "Wr0ng-pw-7q"  # a mistyped one: must never be shown either
@@ -72,10 +75,10 @@ def new_store(path: Path, *studies: str) -> str:
     """An mlrc store (WAL mode) at ``path`` holding empty studies ``studies``; its URL."""
     url = f"sqlite:///{path}"
     engine = store.connect(url)
-    with store.session(engine) as s:
+    with session(engine) as s:
         for name in studies:
             s.add(
-                store.Study(
+                Study(
                     name=name,
                     dataset="glyphs",
                     loss="contrastive",
@@ -151,8 +154,8 @@ def test_a_lock_released_within_the_wait_is_no_error(tmp_path, monkeypatch):
         engine = store.connect(f"sqlite:///{path}")
         elapsed = time.monotonic() - t0
     assert 0.3 <= elapsed < 15
-    with store.session(engine) as s:
-        assert s.get(store.Meta, "schema_version").value == str(store.SCHEMA_VERSION)
+    with session(engine) as s:
+        assert s.get(Meta, "schema_version").value == str(SCHEMA_VERSION)
     engine.dispose()
 
 
@@ -185,10 +188,10 @@ def test_a_read_only_store_can_be_read_and_refuses_writes_in_one_line(tmp_path):
     engine = store.connect(url)
 
     def write(s):
-        s.add(store.Meta(key="x", value="y"))
+        s.add(Meta(key="x", value="y"))
 
     with pytest.raises(store.StoreError) as e:
-        store.transact(engine, write, "writing")
+        transact(engine, write, "writing")
     assert str(e.value) == f"{url}: attempt to write a readonly database"
     engine.dispose()
 
@@ -243,17 +246,17 @@ def test_a_path_with_brackets_is_shown_as_written(tmp_path):
     assert error_line(*run_args(tmp_path, url)) == f"error: {url}: unable to open database file"
 
 
-@pytest.mark.parametrize("version", [str(store.SCHEMA_VERSION + 1), "banana"])
+@pytest.mark.parametrize("version", [str(SCHEMA_VERSION + 1), "banana"])
 def test_a_database_of_another_schema_version_is_refused_untouched(tmp_path, version):
     path = tmp_path / "newer.db"
     url = new_store(path, "s")
     engine = store.connect(url)
-    with store.session(engine) as s:
-        s.get(store.Meta, "schema_version").value = version
+    with session(engine) as s:
+        s.get(Meta, "schema_version").value = version
     engine.dispose()
     expected = (
         f"error: {url}: written by mlrc schema version {version}, "
-        f"this mlrc reads version {store.SCHEMA_VERSION}"
+        f"this mlrc reads version {SCHEMA_VERSION}"
     )
     for args in (
         ["report", "--storage", url],
@@ -268,7 +271,7 @@ def test_a_database_of_another_schema_version_is_refused_untouched(tmp_path, ver
 
 # --- URLs and settings ---------------------------------------------------------------------------
 
-FORMS = store.URL_FORMS
+FORMS = URL_FORMS
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,8 @@ from mlrc.models import TRUNKS
 from mlrc.protocol import mlrc_split
 from mlrc.search import optuna_setup
 from mlrc.search.backends import local
-from mlrc.store import Baseline, FoldRun, StudyBaseline, Trial
+from mlrc.store.engine import session
+from mlrc.store.schema import SCHEMA_VERSION, Baseline, EpochMetric, FoldRun, StudyBaseline, Trial
 from mlrc.train import FoldSpec, train_fold
 
 runner = CliRunner()
@@ -60,7 +61,7 @@ def cli(*args: object, ok: bool = True):
 
 
 def rows(url: str, model) -> list:
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         return s.execute(select(model)).scalars().all()
 
 
@@ -90,8 +91,8 @@ def test_a_new_store_never_adopts_folds_of_another_preset(tmp_path):
     for key in a:
         assert a[key].checkpoint != b[key].checkpoint  # another protocol folder
         assert Path(a[key].checkpoint).is_file() and Path(b[key].checkpoint).is_file()
-    with store.session(store.connect(url_b)) as s:
-        epochs = s.execute(select(store.EpochMetric.epoch)).scalars().all()
+    with session(store.connect(url_b)) as s:
+        epochs = s.execute(select(EpochMetric.epoch)).scalars().all()
     assert max(epochs) == 2  # trained under the new preset, not the 1-epoch folds' history
     assert len(list((art / "s").glob("p-*"))) == 2
 
@@ -317,4 +318,4 @@ def test_a_schema_2_store_is_upgraded_in_place(tmp_path):
     with sqlite3.connect(db) as c:
         cols = {r[1] for r in c.execute("PRAGMA table_info(mlrc_fold_run)")}
         [(version,)] = c.execute("SELECT value FROM mlrc_meta").fetchall()
-    assert {"objective", "code_version"} <= cols and version == str(store.SCHEMA_VERSION)
+    assert {"objective", "code_version"} <= cols and version == str(SCHEMA_VERSION)

@@ -18,6 +18,8 @@ from conftest import REPO
 from sqlalchemy import select
 
 from mlrc import store
+from mlrc.store.engine import session
+from mlrc.store.schema import TestResult, Trial
 
 PAGE = REPO / "docs" / "guide" / "plugins.md"
 TITLED = re.compile(r'^```\w+ title="([^"]+)"\n(.*?)^```', re.S | re.M)
@@ -99,9 +101,9 @@ def test_the_guides_package_installs_lists_and_runs_a_study(tmp_path):
         assert done.returncode == 0, f"study {stage}: {done.stdout}{done.stderr}"
 
     space = yaml.safe_load(files["mlrc-myloss/mlrc_myloss/cosine_contrastive.yaml"])
-    with store.session(store.connect(url)) as s:
-        trials = s.execute(select(store.Trial)).scalars().all()
-        tests = s.execute(select(store.TestResult)).scalars().all()
+    with session(store.connect(url)) as s:
+        trials = s.execute(select(Trial)).scalars().all()
+        tests = s.execute(select(TestResult)).scalars().all()
     assert [t.state for t in trials] == ["complete"], trials
     params = trials[0].params
     params = params if isinstance(params, dict) else yaml.safe_load(params)

@@ -20,7 +20,8 @@ from optuna.trial import TrialState
 from sqlalchemy import func, select
 
 from mlrc import store
-from mlrc.store import EpochMetric, FoldRun, Trial
+from mlrc.store.engine import get_study, session
+from mlrc.store.schema import EpochMetric, FoldRun, Trial
 
 PASSWORD = "s3cret-Pw0rd"  # trust auth ignores it; it must never reach a log line
 FAST = {  # cpu preset, shortened: a fold is a few seconds on 2 cores
@@ -104,8 +105,8 @@ def check_complete_study(url: str, name: str, trials: int, folds: int = 4) -> No
     states = [t.state for t in ts]
     assert states.count(TrialState.COMPLETE) == trials, states
     assert TrialState.RUNNING not in states and TrialState.WAITING not in states, states
-    with store.session(_engine(url)) as s:
-        sid = store.get_study(s, name).id
+    with session(_engine(url)) as s:
+        sid = get_study(s, name).id
         runs = s.execute(select(FoldRun).filter_by(study_id=sid, kind="search")).scalars().all()
         mlrc_trials = s.execute(select(Trial).filter_by(study_id=sid)).scalars().all()
         dup_epochs = s.execute(
@@ -156,8 +157,8 @@ def _engine(url: str):
 
 
 def _running_fold_with_a_checkpoint(url: str, name: str) -> FoldRun | None:
-    with store.session(_engine(url)) as s:
-        sid = store.get_study(s, name)
+    with session(_engine(url)) as s:
+        sid = get_study(s, name)
         if sid is None:
             return None
         return s.execute(
@@ -185,7 +186,7 @@ def test_a_worker_killed_mid_fold_loses_nothing(tmp_path, fresh_database, omnigl
     assert victim is not None, "no fold reached its second epoch"
     worker, killed, fold = victim
     engine = _engine(url)
-    with store.session(engine) as s:  # folds of the killed trial finished before the kill
+    with session(engine) as s:  # folds of the killed trial finished before the kill
         done_before = {
             r.fold: r.updated
             for r in s.execute(
@@ -201,7 +202,7 @@ def test_a_worker_killed_mid_fold_loses_nothing(tmp_path, fresh_database, omnigl
     retries = [t for t in ts.values() if t.user_attrs.get("retry_of") == killed.number]
     assert [t.state for t in retries] == [TrialState.COMPLETE]
     assert retries[0].params == killed.params
-    with store.session(engine) as s:
+    with session(engine) as s:
         row = s.execute(select(Trial).filter_by(number=killed.number)).scalar_one()
         assert row.state == "interrupted" and "no heartbeat for more than 4 s" in row.reason
         after = {

@@ -20,7 +20,8 @@ from mlrc import store
 from mlrc.config import load_study
 from mlrc.search import open_study
 from mlrc.search.backends.ray import NUMBER, run_search_ray
-from mlrc.store import EpochMetric, FoldRun, TestResult, Trial
+from mlrc.store.engine import get_study, session
+from mlrc.store.schema import EpochMetric, FoldRun, TestResult, Trial
 
 FAST = {
     "iterations_per_epoch": 5,
@@ -56,8 +57,8 @@ def mlrc(*args: str) -> str:
 def shape(url: str, name: str) -> dict:
     """What a study leaves in the store, without the numbers."""
     engine = store.connect(url)
-    with store.session(engine) as s:
-        sid = store.get_study(s, name).id
+    with session(engine) as s:
+        sid = get_study(s, name).id
         trials = s.execute(select(Trial.state).filter_by(study_id=sid)).scalars().all()
         folds = s.execute(
             select(FoldRun.kind, FoldRun.reproduction, FoldRun.fold, FoldRun.status)
@@ -154,7 +155,7 @@ def test_folds_as_parallel_ray_tasks_and_a_stopped_trial_is_pruned(tmp_path):
     assert ts[1].state == TrialState.PRUNED
     assert sorted(ts[1].intermediate_values) == [1]  # the result it was stopped on
     engine = store.connect(url)
-    with store.session(engine) as s:
+    with session(engine) as s:
         rows = {t.number: t for t in s.execute(select(Trial)).scalars()}
         folds = s.execute(select(FoldRun).filter_by(trial_number=0, kind="search")).scalars().all()
     assert rows[0].state == "complete" and rows[1].state == "pruned"

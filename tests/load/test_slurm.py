@@ -20,8 +20,8 @@ from slurm_cluster import SlurmUnavailable, missing, single_node_slurm
 from sqlalchemy import select
 from test_pool import _engine, check_complete_study, optuna_trials, with_password
 
-from mlrc import store
-from mlrc.store import Trial
+from mlrc.store.engine import session
+from mlrc.store.schema import Trial
 
 SMALL = {  # cpu preset on 24-px glyphs: a trial is some 10 s on 2 cores, long enough to scancel
     "iterations_per_epoch": 10,
@@ -162,7 +162,7 @@ def test_three_jobs_one_cancelled_one_requeued(cluster, tmp_path, fresh_database
             TrialState.COMPLETE
         ]
         assert all(t.params == ts[trial].params for t in retries)
-        with store.session(_engine(url)) as s:
+        with session(_engine(url)) as s:
             row = s.execute(select(Trial).filter_by(number=trial)).scalar_one()
         assert row.state == "interrupted"
         # stopped by a SIGTERM, recorded at once (not found stale after the heartbeat's grace)

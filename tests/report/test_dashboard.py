@@ -32,7 +32,8 @@ from typer.testing import CliRunner
 
 from mlrc import store
 from mlrc.cli.dashboard import dashboard_app
-from mlrc.store import (
+from mlrc.store.engine import get_study, session
+from mlrc.store.schema import (
     Baseline,
     CampaignStudy,
     EpochMetric,
@@ -102,7 +103,7 @@ def store_url(tmp_path_factory):
     url, art = f"sqlite:///{tmp / 'db.sqlite'}", tmp / "art"
     cli("study", "run", str(path), "--storage", url, "--artifacts", str(art), "--quiet")
     cli("study", "test", str(path), "--storage", url, "--artifacts", str(art), "--quiet")
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         for name in ("waiting", "broken"):
             s.add(
                 Study(
@@ -116,11 +117,11 @@ def store_url(tmp_path_factory):
                 )
             )
         s.flush()
-        broken = store.get_study(s, "broken")
+        broken = get_study(s, "broken")
         s.add(
             CampaignStudy(
                 campaign="grid",
-                study_id=store.get_study(s, "dash").id,
+                study_id=get_study(s, "dash").id,
                 position=0,
                 campaign_config={},
             )
@@ -139,13 +140,13 @@ def store_url(tmp_path_factory):
 
 
 def q(url: str, model) -> list:
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         return s.execute(select(model)).scalars().all()
 
 
 def study_id(url: str, name: str) -> int:
-    with store.session(store.connect(url)) as s:
-        return store.get_study(s, name).id
+    with session(store.connect(url)) as s:
+        return get_study(s, name).id
 
 
 # --- browser helpers ---------------------------------------------------------------------------
@@ -447,7 +448,7 @@ def test_serve_live_page_follows_the_store(browser, store_url):
         assert "refreshes every 2 s" in browser.find_element("css selector", "header").text
 
         # the page reloads itself and re-reads the store: a new study shows up by itself
-        with store.session(store.connect(store_url)) as s:
+        with session(store.connect(store_url)) as s:
             s.add(
                 Study(
                     name="late",
@@ -473,8 +474,8 @@ def test_serve_live_page_follows_the_store(browser, store_url):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        with store.session(store.connect(store_url)) as s:
-            late = store.get_study(s, "late")
+        with session(store.connect(store_url)) as s:
+            late = get_study(s, "late")
             if late is not None:
                 s.delete(late)
 
@@ -561,7 +562,7 @@ def grouped_url(tmp_path_factory) -> str:
     and g1-contrastive's search: trials 0 and 2 complete, trial 1 scored 0 (non-finite)."""
     url = f"sqlite:///{tmp_path_factory.mktemp('grouped') / 'db.sqlite'}"
     key, kind, label, value = GROUPED_BASELINE
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         for mode in ("separated", "concatenated"):
             s.add(
                 Baseline(
@@ -724,7 +725,7 @@ def test_one_complete_trial_degrades_to_notes(tmp_path):
     ostudy.add_trial(
         optuna.trial.create_trial(params={"margin": 0.3}, distributions=dist, value=0.2)
     )
-    with store.session(engine) as s:
+    with session(engine) as s:
         st = Study(
             name="one",
             dataset="glyphs",

@@ -27,7 +27,8 @@ from typer.testing import CliRunner
 from mlrc import store
 from mlrc.cli import app
 from mlrc.report.tables import collect, summarize
-from mlrc.store import CampaignStudy, Study, TestResult
+from mlrc.store.engine import session
+from mlrc.store.schema import CampaignStudy, Study, TestResult
 
 runner = CliRunner()
 MODES = ("separated", "concatenated")
@@ -85,7 +86,7 @@ def _pct(name: str, col: tuple[str, str]) -> np.ndarray:
 def url(tmp_path_factory) -> str:
     url = f"sqlite:///{tmp_path_factory.mktemp('report') / 'store.db'}"
     engine = store.connect(url)
-    with store.session(engine) as s:
+    with session(engine) as s:
         ids = {}
         for name, (dataset, loss, strategy, n, _) in STUDIES.items():
             st = Study(
@@ -444,7 +445,7 @@ def test_special_characters_are_escaped_and_still_compile(tmp_path):
     """Also: a study searched with pruning is marked ‡ in every format, with the note."""
     url = f"sqlite:///{tmp_path / 'store.db'}"
     engine = store.connect(url)
-    with store.session(engine) as s:
+    with session(engine) as s:
         for i, (loss, strategy) in enumerate([("a_b&c%d#e", "x$y{z}~^\\"), ("plain", None)]):
             st = Study(
                 name=f"s{i}",

@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 
 from mlrc import store
 from mlrc.cli import app
-from mlrc.store import FoldRun, Study, TestResult
+from mlrc.store.engine import session
+from mlrc.store.schema import FoldRun, Study, TestResult
 
 runner = CliRunner()
 MODES = ("separated", "concatenated")
@@ -53,7 +54,7 @@ EPOCHS = {"zero": [0, 0, 0, 0], "trained": [0, 3, 0, 0]}  # best epoch of each t
 def url(tmp_path_factory) -> str:
     url = f"sqlite:///{tmp_path_factory.mktemp('marks') / 'store.db'}"
     engine = store.connect(url)
-    with store.session(engine) as s:
+    with session(engine) as s:
         for name, (dataset, loss, values) in STUDIES.items():
             st = Study(
                 name=name, dataset=dataset, loss=loss, preset="cpu", config={}, code_version="t"

@@ -25,8 +25,9 @@ from mlrc import store
 from mlrc.cli import app
 from mlrc.report.dashboard import Dashboard
 from mlrc.report.tables import SECTION, TRADITIONAL_NOTE, TRADITIONAL_TITLE
-from mlrc.store import Study
-from mlrc.store.trials import link_baseline, record_baseline, record_reproduction
+from mlrc.store.engine import session
+from mlrc.store.results import link_baseline, record_baseline, record_reproduction
+from mlrc.store.schema import Study
 
 runner = CliRunner()
 TRADITIONAL = {"preset": {"split_scheme": "traditional", "folds": 1, "max_epochs": 30}}
@@ -75,7 +76,7 @@ def url(tmp_path_factory) -> str:
     url = f"sqlite:///{tmp_path_factory.mktemp('trad-report') / 'store.db'}"
     engine = store.connect(url)
     ids = {}
-    with store.session(engine) as s:
+    with session(engine) as s:
         for name, (dataset, loss, config, _) in STUDIES.items():
             st = Study(
                 name=name,

@@ -36,7 +36,8 @@ from mlrc.report.tables import (
     scope_differences,
     summarize,
 )
-from mlrc.store import Baseline, Study, StudyBaseline, TestResult, Trial
+from mlrc.store.engine import session
+from mlrc.store.schema import Baseline, Study, StudyBaseline, TestResult, Trial
 
 MODES = ("separated", "concatenated")
 METRICS = ("map_at_r", "precision_at_1", "r_precision")
@@ -124,7 +125,7 @@ def pct(name: str, col: tuple[str, str]) -> np.ndarray:
 def url(tmp_path_factory) -> str:
     url = f"sqlite:///{tmp_path_factory.mktemp('protocols') / 'store.db'}"
     engine = store.connect(url)
-    with store.session(engine) as s:
+    with session(engine) as s:
         for key, (kind, label, dataset, v) in BASELINES.items():
             for mode in MODES:
                 s.add(

@@ -28,7 +28,8 @@ from mlrc.search.campaign_runner import (
     sanitize,
     study_name,
 )
-from mlrc.store import CampaignStudy, FoldRun, Study, StudyHistory, TestResult, Trial
+from mlrc.store.engine import session
+from mlrc.store.schema import CampaignStudy, FoldRun, Study, StudyHistory, TestResult, Trial
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -72,7 +73,7 @@ def cli(*args: str, code: int = 0):
 
 
 def rows(url: str, model) -> list:
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         return s.execute(select(model)).scalars().all()
 
 
@@ -286,7 +287,7 @@ def test_membership_follows_the_campaign_file(tmp_path):
     def members(doc):
         cfg = parse_campaign(doc)
         register(engine, cfg, resolve_campaign(cfg))
-        with store.session(engine) as s:
+        with session(engine) as s:
             found = s.execute(
                 select(CampaignStudy.position, Study.name)
                 .join(Study, Study.id == CampaignStudy.study_id)

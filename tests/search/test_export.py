@@ -18,7 +18,8 @@ from mlrc import store
 from mlrc.cli import app
 from mlrc.config import load_study
 from mlrc.config.identity import artifact_scope
-from mlrc.store import TestResult, Trial
+from mlrc.store.engine import session
+from mlrc.store.schema import TestResult, Trial
 
 runner = CliRunner()
 TINY = {"iterations_per_epoch": 3, "max_epochs": 1, "validate_every": {"default": 1}}
@@ -31,7 +32,7 @@ def cli(*args: object, code: int = 0):
 
 
 def results(url: str) -> list[tuple]:
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         rows = s.execute(select(TestResult)).scalars()
         return sorted(
             (
@@ -83,7 +84,7 @@ def test_an_exported_study_re_runs_the_test_stage_to_the_same_numbers(tested):
     assert f"wrote {out} (study orig-exported)" in said
     doc = yaml.safe_load(out.read_text())
     assert doc["search"]["trials"] == 1 and doc["loss"]["search"] == {}
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         best = max(
             s.execute(select(Trial).filter_by(state="complete")).scalars(),
             key=lambda t: (t.value, -t.number),

@@ -9,10 +9,10 @@ from optuna.trial import TrialState
 from sqlalchemy import select
 
 from mlrc import search as S
-from mlrc import store
 from mlrc.config import load_study
 from mlrc.search import objective
-from mlrc.store import Trial
+from mlrc.store.engine import transact
+from mlrc.store.schema import Trial
 from mlrc.train import FoldResult
 
 # Fold k of a trial scores pos_margin + k/100: the order of trials is the same at every fold.
@@ -53,7 +53,7 @@ def _run(tmp_path, monkeypatch, pruner: str):
         ostudy = S.run_search(ctx)
         rows = {
             r.number: r
-            for r in store.transact(
+            for r in transact(
                 ctx.engine, lambda s: s.scalars(select(Trial)).all(), "reading trials"
             )
         }

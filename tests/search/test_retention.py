@@ -28,7 +28,8 @@ from typer.testing import CliRunner
 from mlrc import data, store
 from mlrc.cli import app
 from mlrc.protocol import mlrc_split
-from mlrc.store import FoldRun, StudyHistory, TestResult, Trial
+from mlrc.store.engine import session
+from mlrc.store.schema import FoldRun, StudyHistory, TestResult, Trial
 
 runner = CliRunner()
 TINY = {
@@ -67,7 +68,7 @@ def run_and_test(path: Path, url: str, art: Path, *more: object) -> None:
 
 
 def rows(url: str, model, **where) -> list:
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         return list(s.execute(select(model).filter_by(**where)).scalars())
 
 

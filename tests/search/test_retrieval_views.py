@@ -24,7 +24,8 @@ from test_retention import _test_images, cli, copy_store, rows, study_file
 from mlrc import data, store
 from mlrc.protocol import mlrc_split
 from mlrc.protocol.retrieval import embedding_map, retrieval_view, sample_queries, sample_retrievals
-from mlrc.store import RetrievalView, Study, TestResult
+from mlrc.store.engine import session
+from mlrc.store.schema import RetrievalView, Study, TestResult
 
 HAVE_UMAP = importlib.util.find_spec("umap") is not None
 GREEN, RED = "rgb(26, 158, 58)", "rgb(214, 39, 40)"  # dashboard.css: img.same, img.different
@@ -269,7 +270,7 @@ def test_the_dashboard_shows_the_best_reproduction_s_view(browser, tested, tmp_p
 
 def test_a_dataset_that_cannot_be_read_is_one_line_not_a_crash(browser, tested, tmp_path):  # noqa: F811
     url = copy_store(tested["url"], tmp_path / "moved.sqlite")
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         st = s.execute(select(Study).filter_by(name="rv")).scalar_one()
         config = dict(st.config)
         config["study"] = {
@@ -293,7 +294,7 @@ def test_stores_without_views_show_no_retrieval_section(tmp_path):
 
     url = f"sqlite:///{tmp_path / 'none.db'}"
     engine = store.connect(url)
-    with store.session(engine) as s:
+    with session(engine) as s:
         s.add(
             Study(
                 name="plain",

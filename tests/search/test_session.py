@@ -23,9 +23,11 @@ from typer.testing import CliRunner
 from mlrc import data, store
 from mlrc.cli import app
 from mlrc.config import load_preset
+from mlrc.config.identity import canonical_json
 from mlrc.methods import losses
 from mlrc.protocol import mlrc_split
-from mlrc.store import EpochMetric, FoldRun, TestResult, Trial
+from mlrc.store.engine import session
+from mlrc.store.schema import SCHEMA_VERSION, EpochMetric, FoldRun, Meta, Study, TestResult, Trial
 from mlrc.train import View, embed, load_model
 
 runner = CliRunner()
@@ -62,7 +64,7 @@ def cli(*args: str, ok: bool = True):
 
 
 def rows(url: str, model) -> list:
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         return s.execute(select(model)).scalars().all()
 
 
@@ -319,11 +321,11 @@ def test_postgresql_store_gets_the_same_rows(tmp_path, postgres_url):
 def test_newer_schema_version_is_refused(tmp_path):
     url = f"sqlite:///{tmp_path / 'db'}"
     engine = store.connect(url)
-    with store.session(engine) as s:
-        s.get(store.Meta, "schema_version").value = "99"
+    with session(engine) as s:
+        s.get(Meta, "schema_version").value = "99"
     with pytest.raises(
         store.StoreError,
-        match=f"written by mlrc schema version 99, this mlrc reads version {store.SCHEMA_VERSION}",
+        match=f"written by mlrc schema version 99, this mlrc reads version {SCHEMA_VERSION}",
     ):
         store.connect(url)
 
@@ -405,7 +407,7 @@ def test_study_killed_during_a_fold_resumes_without_training_a_fold_twice(tmp_pa
 
     def done(u):
         return sorted(
-            (store.canonical_json(t.params), round(t.value, 12))
+            (canonical_json(t.params), round(t.value, 12))
             for t in rows(u, Trial)
             if t.state == "complete"
         )
@@ -529,7 +531,7 @@ def test_study_with_a_training_strategy(tmp_path):
     cli("study", "run", str(path), "--storage", url, "--artifacts", str(tmp_path / "a"), "--quiet")
     [trial] = rows(url, Trial)
     assert trial.state == "complete" and "strategy.p_switch" in trial.params
-    assert rows(url, store.Study)[0].strategy == "rho_distance"
+    assert rows(url, Study)[0].strategy == "rho_distance"
 
 
 def test_the_sqlite_study_lock_names_its_holder_and_is_released(tmp_path):

@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from mlrc import store
 from mlrc.cli import app
-from mlrc.store import EpochMetric, FoldRun, Study, StudyHistory
+from mlrc.store.engine import session
+from mlrc.store.schema import EpochMetric, FoldRun, Study, StudyHistory
 from mlrc.train import threads
 
 runner = CliRunner()
@@ -54,7 +55,7 @@ def run(path: Path, url: str, art: Path, *more: object, code: int = 0):
 
 
 def rows(url: str, model, **where) -> list:
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         return list(s.execute(select(model).filter_by(**where)).scalars())
 
 
@@ -181,7 +182,7 @@ def _stop(ps: list[subprocess.Popen]) -> None:
 
 
 def epochs(url: str) -> list[tuple]:
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         q = select(FoldRun.fold, EpochMetric.epoch, EpochMetric.train_loss, EpochMetric.map_at_r,
                    EpochMetric.precision_at_1, EpochMetric.r_precision).join(
             EpochMetric, EpochMetric.fold_run_id == FoldRun.id)  # fmt: skip

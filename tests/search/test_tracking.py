@@ -19,7 +19,8 @@ from mlrc.cli import app
 from mlrc.config import ConfigError, load_study
 from mlrc.search.campaign_runner import cells, parse_campaign
 from mlrc.search.tracking import TrackingError, parse_track, with_track
-from mlrc.store import EpochMetric, FoldRun, Study, TestResult, Trial
+from mlrc.store.engine import session
+from mlrc.store.schema import EpochMetric, FoldRun, Study, TestResult, Trial
 
 runner = CliRunner()
 TINY = {  # seconds per study on a CPU: 2 folds, 16-px crops, 2 epochs of 2 iterations
@@ -73,7 +74,7 @@ def cli(*args: object, code: int = 0):
 
 
 def rows(url: str, query) -> list:
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         return s.execute(query).all()
 
 

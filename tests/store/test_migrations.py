@@ -30,18 +30,30 @@ from typer.testing import CliRunner
 from mlrc import store
 from mlrc.cli import app
 from mlrc.store import migrate
+from mlrc.store.engine import session
+from mlrc.store.schema import (
+    SCHEMA_VERSION,
+    Baseline,
+    CampaignStudy,
+    EpochMetric,
+    FoldRun,
+    Study,
+    StudyBaseline,
+    TestResult,
+    Trial,
+)
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 LEGACY = {2: FIXTURES / "store-schema2.db", 3: FIXTURES / "store-schema3.db"}
 MODELS = (
-    store.Study,
-    store.Trial,
-    store.FoldRun,
-    store.EpochMetric,
-    store.TestResult,
-    store.Baseline,
-    store.StudyBaseline,
-    store.CampaignStudy,
+    Study,
+    Trial,
+    FoldRun,
+    EpochMetric,
+    TestResult,
+    Baseline,
+    StudyBaseline,
+    CampaignStudy,
 )
 runner = CliRunner()
 
@@ -90,7 +102,7 @@ def _parse(model: type, row: dict) -> dict:
 def through_mlrc(url: str, model: type, columns: list[str]) -> list[dict]:
     """``model``'s rows read by mlrc's ORM (``columns`` only), as ``sqlite3`` would show them."""
     engine = store.connect(url)
-    with store.session(engine) as s:
+    with session(engine) as s:
         rows = s.execute(select(model).order_by(model.id)).scalars().all()
         out = [{c: _as_stored(getattr(row, c)) for c in columns} for row in rows]
     engine.dispose()
@@ -159,14 +171,14 @@ def test_a_release_store_is_upgraded_on_open_and_reads_as_written(tmp_path, vers
 
     assert raw(path, f"SELECT * FROM {migrate.VERSION_TABLE}") == [(migrate.HEAD,)]
     assert raw(path, "SELECT * FROM alembic_version") == optuna_version  # Optuna's: untouched
-    assert raw(path, "SELECT value FROM mlrc_meta") == [(str(store.SCHEMA_VERSION),)]
+    assert raw(path, "SELECT value FROM mlrc_meta") == [(str(SCHEMA_VERSION),)]
     for model in MODELS:
         rows = want.get(model.__tablename__, [])
         columns = list(rows[0]) if rows else ["id"]
         assert through_mlrc(url, model, columns) == rows, model.__tablename__
     engine = store.connect(url)  # columns added by the upgrade: there, empty
-    with store.session(engine) as s:
-        runs = s.execute(select(store.FoldRun)).scalars().all()
+    with session(engine) as s:
+        runs = s.execute(select(FoldRun)).scalars().all()
         assert runs and all(hasattr(r, "objective") and hasattr(r, "code_version") for r in runs)
     engine.dispose()
 
@@ -193,7 +205,7 @@ def test_the_migrations_build_the_tables_create_all_builds(tmp_path):
 
 def test_head_is_the_newest_revision_and_the_schema_version():
     assert migrate._scripts().get_current_head() == migrate.HEAD
-    assert migrate.REVISIONS[store.SCHEMA_VERSION] == migrate.HEAD
+    assert migrate.REVISIONS[SCHEMA_VERSION] == migrate.HEAD
     assert all(migrate.known(revision) for revision in migrate.REVISIONS.values())
 
 
@@ -202,7 +214,7 @@ def test_a_new_store_is_at_head(tmp_path):
     url = f"sqlite:///{path}"
     store.connect(url).dispose()
     assert raw(path, f"SELECT * FROM {migrate.VERSION_TABLE}") == [(migrate.HEAD,)]
-    assert raw(path, "SELECT value FROM mlrc_meta") == [(str(store.SCHEMA_VERSION),)]
+    assert raw(path, "SELECT value FROM mlrc_meta") == [(str(SCHEMA_VERSION),)]
     assert len(raw(path, "SELECT * FROM alembic_version")) == 1  # Optuna's own, beside it
     assert store.current(url) == migrate.HEAD
     assert store.upgrade(url) == (migrate.HEAD, migrate.HEAD)
@@ -214,7 +226,7 @@ def test_a_store_at_head_opens_read_only(tmp_path):
     store.connect(url).dispose()  # upgraded to head once, writable
     want = reference(LEGACY[3])["mlrc_trial"]
     ro = f"sqlite:///file:{path}?mode=ro&uri=true"
-    assert through_mlrc(ro, store.Trial, list(want[0])) == want
+    assert through_mlrc(ro, Trial, list(want[0])) == want
 
 
 def test_a_legacy_store_behind_head_on_read_only_media_says_to_upgrade_it(tmp_path):
@@ -305,12 +317,12 @@ def test_a_store_of_a_newer_revision_is_refused_in_one_line(tmp_path):
 
 def test_a_store_of_a_newer_schema_version_is_refused_in_one_line(tmp_path):
     path, url = legacy_copy(tmp_path, 3)
-    newer = store.SCHEMA_VERSION + 1
+    newer = SCHEMA_VERSION + 1
     with sqlite3.connect(path) as c:
         c.execute(f"UPDATE mlrc_meta SET value = '{newer}' WHERE key = 'schema_version'")
     expected = (
         f"error: {url}: written by mlrc schema version {newer}, this mlrc reads version "
-        f"{store.SCHEMA_VERSION}"
+        f"{SCHEMA_VERSION}"
     )
     for command in ("upgrade", "current"):
         assert error_line("store", command, "--storage", url) == expected
@@ -345,9 +357,7 @@ def test_workers_opening_a_legacy_postgresql_store_at_once_upgrade_it_once(fresh
         assert p.returncode == 0, err
     with engine.begin() as c:
         assert c.execute(text(f"SELECT * FROM {migrate.VERSION_TABLE}")).all() == [(migrate.HEAD,)]
-        assert c.execute(text("SELECT value FROM mlrc_meta")).all() == [
-            (str(store.SCHEMA_VERSION),)
-        ]
+        assert c.execute(text("SELECT value FROM mlrc_meta")).all() == [(str(SCHEMA_VERSION),)]
         assert c.execute(text("SELECT * FROM alembic_version")).all() == optuna_version
         columns = {col["name"] for col in inspect(c).get_columns("mlrc_fold_run")}
         assert {"objective", "code_version", "threads"} <= columns

@@ -18,7 +18,9 @@ from typer.testing import CliRunner
 from mlrc import store
 from mlrc.cli import app
 from mlrc.config import load_preset
-from mlrc.store import Study, TestResult, trials
+from mlrc.store import trials
+from mlrc.store.engine import session
+from mlrc.store.schema import Study, TestResult
 from mlrc.train.checkpoint import adopted
 from mlrc.train.numerics import CUBLAS_WORKSPACE, apply_numerics, cudnn_text, provenance
 
@@ -159,7 +161,7 @@ def test_a_fold_result_keeps_its_provenance_through_last_pt_adoption():
 def _study(engine, name: str, folds: list[tuple[str, dict | None]]) -> None:
     """A study with one tested reproduction and fold runs (status, provenance) recorded through
     the store API, as the search records them."""
-    with store.session(engine) as s:
+    with session(engine) as s:
         st = Study(
             name=name,
             dataset="cub",

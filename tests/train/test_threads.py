@@ -14,6 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from mlrc.cli import app
+from mlrc.store.engine import session
 from mlrc.train import threads
 
 runner = CliRunner()
@@ -166,7 +167,7 @@ def test_a_fold_run_records_its_thread_count(tmp_path, monkeypatch):
     import yaml
 
     from mlrc import store
-    from mlrc.store import FoldRun
+    from mlrc.store.schema import FoldRun
 
     monkeypatch.setenv("MLRC_CACHE", str(tmp_path / "cache"))
     doc = {
@@ -194,7 +195,7 @@ def test_a_fold_run_records_its_thread_count(tmp_path, monkeypatch):
         ],  # fmt: skip
     )
     assert r.exit_code == 0, r.output
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         assert [f.threads for f in s.query(FoldRun)] == [1, 1, 1, 1]
 
 

@@ -23,7 +23,8 @@ from mlrc.methods import samplers
 from mlrc.protocol import mlrc_split
 from mlrc.protocol.analysis import recall_ks
 from mlrc.protocol.splits import SplitError, custom_split
-from mlrc.store import EpochMetric, FoldRun, TestResult
+from mlrc.store.engine import session
+from mlrc.store.schema import EpochMetric, FoldRun, TestResult
 from mlrc.train import FoldSpec, train_fold
 from mlrc.train.schedule import lr_factor
 from mlrc.train.setup import make_optimizer
@@ -259,7 +260,7 @@ def test_test_rows_are_the_validation_of_the_chosen_epoch(tested):
     from its own embedding of the test classes, equals the fold's validation MAP@R at the epoch
     it kept, and the stored best_epoch is that epoch."""
     _, url = tested
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         runs = s.execute(select(FoldRun).filter_by(kind="test")).scalars().all()
         results = s.execute(select(TestResult)).scalars().all()
         curves = {
@@ -365,9 +366,9 @@ def test_a_search_under_the_traditional_preset_maximises_the_test_recall(tmp_pat
     cli(
         "study", "run", str(path), "--storage", url, "--artifacts", str(tmp_path / "art"), "--quiet"
     )
-    from mlrc.store import Trial
+    from mlrc.store.schema import Trial
 
-    with store.session(store.connect(url)) as s:
+    with session(store.connect(url)) as s:
         trials = s.execute(select(Trial)).scalars().all()
         runs = s.execute(select(FoldRun).filter_by(kind="search")).scalars().all()
         curves = {

@@ -241,7 +241,7 @@ def run_search_ray(
     n = len(ctx.split.folds)
     job = Job(
         ctx.resolved,
-        trials.absolute_url(ctx.url),
+        store.absolute_url(ctx.url),
         str(ctx.artifacts.parent.resolve()),
         "cuda" if gpus_per_trial > 0 else ctx.device,
         fold_parallel,

@@ -449,9 +449,8 @@ def slurm_status(study: str, storage: str, artifacts: Path) -> SlurmStatus:
 
     engine = store.connect(storage)  # an unreachable store: StoreError, one line
     try:
-        with store.session(engine) as s:
-            st = store.get_study(s, study)
-            budget = st.config.get("trials") if st is not None else None
+        st = store.studies.study_named(engine, study)
+        budget = st.config.get("trials") if st is not None else None
     finally:
         engine.dispose()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
