@@ -215,7 +215,7 @@ def before_tell() -> None:
     """Killed after a trial's result is stored in mlrc's table, before Optuna is told."""
     from mlrc.search.backends import local
 
-    local._tell = lambda *args, **kwargs: _die()
+    local.tell_optuna = lambda *args, **kwargs: _die()
 
 
 def between_forget_and_delete() -> None:

@@ -91,7 +91,7 @@ def run_search(
             except optuna.TrialPruned as e:
                 value, reason = None, str(e)
                 claim.trial.set_user_attr("reason", reason)
-        _tell(ctx, ostudy, claim, value, reason)
+        tell_optuna(ctx, ostudy, claim, value, reason)
 
 
 def _prepare(ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
@@ -136,9 +136,12 @@ def _claim(
         return _Claim(trial, trial_id, params)
 
 
-def _tell(
+def tell_optuna(
     ctx: StudySession, ostudy: optuna.Study, claim: _Claim, value: float | None, reason: str | None
 ) -> None:
+    """Tell Optuna how a claimed trial ended, after mlrc's table has it (the crash corpus kills a
+    worker here: ``tests/bad_inputs/test_crash_consistency.py``)."""
+
     def tell() -> None:
         if value is not None:  # a reason beside a value: scored 0 for a non-finite loss
             if reason is not None:
