@@ -1,4 +1,4 @@
-"""One fold trained as K processes of ``torch.distributed``: the building blocks.
+"""The building blocks of one fold trained as K processes of ``torch.distributed``.
 
 The pieces a K-process fold is made of (the launcher, the trainer loop and the store use them;
 this module starts no process and builds no process group: it works in the default group that
