@@ -24,7 +24,7 @@ Conventions.
   its model only through its own slice E_r (the other slices are constants there), so it
   yields ∂L/∂E_r · ∂E_r/∂θ; the sum over ranks is the full ∂L/∂θ, and DDP's all-reduce takes
   the *mean*, i.e. that sum divided by K. :func:`gather_embeddings` therefore multiplies the
-  gradient flowing back into the local slice by K (:data:`grad_scale` = world size): after
+  gradient flowing back into the local slice by K (``grad_scale`` = world size): after
   DDP's mean, every rank holds exactly one process's ∂L/∂θ. Scaling the gradient at the gather
   rather than the loss (PML's ``DistributedLossWrapper`` returns ``loss · K``) keeps the loss
   value one process's (for the logs, the non-finite checks, the schedulers) and leaves the
@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -54,11 +55,14 @@ __all__ = [
     "SyncedBatchNorm1d",
     "SyncedBatchNorm2d",
     "SyncedBatchNorm3d",
+    "all_gather_cat",
     "average_gradients",
     "gather_embeddings",
+    "global_batch_size",
     "is_distributed",
     "rank_and_world",
     "sync_batchnorm",
+    "synced",
 ]
 
 
@@ -193,7 +197,7 @@ class DistributedBatchSampler(BatchSampler):
         return self.sampler.needs_bank
 
     @property
-    def rng(self):  # type: ignore[override]
+    def rng(self) -> np.random.Generator:  # type: ignore[override]
         return self.sampler.rng
 
     def check(self, size: int) -> None:
@@ -215,10 +219,10 @@ class DistributedBatchSampler(BatchSampler):
     def set_state(self, state: dict) -> None:
         self.sampler.set_state(state)
 
-    def set_bank(self, embeddings) -> None:
+    def set_bank(self, embeddings: Tensor | np.ndarray) -> None:
         self.sampler.set_bank(embeddings)
 
-    def update(self, indices, embeddings) -> None:
+    def update(self, indices: Tensor | np.ndarray, embeddings: Tensor | np.ndarray) -> None:
         idx = torch.as_tensor(indices)
         self.sampler.update(all_gather_cat(idx), all_gather_cat(torch.as_tensor(embeddings)))
 

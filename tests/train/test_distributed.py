@@ -11,6 +11,7 @@ orders, agree to ~1e-12; the assertions use rtol 1e-7 / atol 1e-9.
 from __future__ import annotations
 
 import socket
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -108,13 +109,18 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     return out
 
 
-def rank_main(rank: int, world: int, port: int, case: dict, out_dir: str) -> None:
+def rank_main(rank: int, world: int, port: int, job, arg, out_dir: str) -> None:
+    """One rank: a gloo group on localhost, ``job(arg, rank, world)`` saved as rank<r>.pt."""
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
     )
     try:
-        torch.save(run_case(case, rank, world), Path(out_dir) / f"rank{rank}.pt")
+        torch.save(job(arg, rank, world), Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -125,8 +131,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def distributed(case: dict, tmp_path: Path, world: int = 2) -> list[dict]:
-    mp.spawn(rank_main, args=(world, free_port(), case, str(tmp_path)), nprocs=world)
+def distributed(arg, tmp_path: Path, world: int = 2, job=None) -> list[dict]:
+    """``job`` (default :func:`run_case`) on ``world`` spawned ranks; their results."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    args = (world, free_port(), job or run_case, arg, str(tmp_path))
+    mp.spawn(rank_main, args=args, nprocs=world)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
 
@@ -229,6 +238,34 @@ def test_sampler_state_round_trip(name: str, m: int) -> None:
     resumed = DistributedBatchSampler(sampler(name, m, seed=99), 1, 2)
     resumed.set_state(saved)
     assert [resumed.next_batch() for _ in range(3)] == ahead
+
+
+def bank_rows(indices: torch.Tensor, step: int) -> torch.Tensor:
+    """Made-up embeddings of training items ``indices`` at ``step`` (5-D)."""
+    return torch.sin(indices[:, None].double() * torch.arange(1, 6) + step).float()
+
+
+def bank_job(_arg, rank: int, world: int) -> dict:
+    """A memory-bank sampler fed the batch's rows: each rank its own slice's (gathered by the
+    wrapper), the reference the whole batch's."""
+    s = sampler("greedy_coreset", 4)
+    if world > 1:
+        s = DistributedBatchSampler(s, rank, world)
+    batches = []
+    for step in range(3):
+        batch = torch.as_tensor(s.next_batch())
+        s.update(batch, bank_rows(batch, step))
+        batches.append(batch.tolist())
+    return {"batches": batches, "bank": (s.sampler if world > 1 else s).bank.copy()}
+
+
+def test_memory_bank_stays_the_one_process_bank(tmp_path: Path) -> None:
+    ranks = distributed(None, tmp_path, job=bank_job)
+    ref = bank_job(None, 0, 1)
+    joined = [a + b for a, b in zip(ranks[0]["batches"], ranks[1]["batches"], strict=True)]
+    assert joined == ref["batches"]
+    for got in ranks:
+        np.testing.assert_array_equal(got["bank"], ref["bank"])
 
 
 def test_sampler_refuses_a_batch_not_divisible_by_the_ranks() -> None:
