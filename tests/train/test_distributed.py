@@ -256,7 +256,10 @@ def bank_job(_arg, rank: int, world: int) -> dict:
         batch = torch.as_tensor(s.next_batch())
         s.update(batch, bank_rows(batch, step))
         batches.append(batch.tolist())
-    return {"batches": batches, "bank": (s.sampler if world > 1 else s).bank.copy()}
+    return {
+        "batches": batches,
+        "bank": torch.from_numpy((s.sampler if world > 1 else s).bank.copy()),
+    }
 
 
 def test_memory_bank_stays_the_one_process_bank(tmp_path: Path) -> None:
