@@ -190,7 +190,6 @@ class DistributedBatchSampler(BatchSampler):
         size = global_batch_size(sampler)
         if size is not None:
             self.check(size)
-        self.global_batch: list[int] = []  # the last global batch drawn
 
     @property
     def needs_bank(self) -> bool:  # type: ignore[override]
@@ -201,6 +200,7 @@ class DistributedBatchSampler(BatchSampler):
         return self.sampler.rng
 
     def check(self, size: int) -> None:
+        """One line (``ValueError``) when a global batch of ``size`` does not split into K."""
         if size % self.world_size:
             raise ValueError(
                 f"global batch size {size} is not divisible by the {self.world_size} processes"
@@ -209,7 +209,6 @@ class DistributedBatchSampler(BatchSampler):
     def next_batch(self) -> list[int]:
         batch = self.sampler.next_batch()
         self.check(len(batch))
-        self.global_batch = batch
         per_rank = len(batch) // self.world_size
         return batch[self.rank * per_rank : (self.rank + 1) * per_rank]
 
