@@ -7,6 +7,8 @@ resume from. Knows nothing of Optuna or the store.
 - :mod:`~mlrc.train.embed`: dataset views and embedding them;
 - :mod:`~mlrc.train.model`: the trunk → embedder network;
 - :mod:`~mlrc.train.export`: a study's model for use outside mlrc;
+- :mod:`~mlrc.train.distributed`: the pieces of a fold trained as K ``torch.distributed``
+  processes (distributed batch sampler, embedding gather, synced BatchNorm);
 - :mod:`~mlrc.train.spec`: :class:`FoldSpec`, :class:`EpochRecord`, :class:`FoldResult`.
 """
 
