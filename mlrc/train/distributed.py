@@ -40,7 +40,7 @@ Conventions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -52,15 +52,21 @@ from mlrc.methods.samplers import BatchSampler
 
 __all__ = [
     "DistributedBatchSampler",
+    "GatheredModel",
     "SyncedBatchNorm1d",
     "SyncedBatchNorm2d",
     "SyncedBatchNorm3d",
     "all_gather_cat",
     "average_gradients",
+    "barrier",
+    "broadcast_object",
     "gather_embeddings",
+    "gather_rows",
     "global_batch_size",
     "is_distributed",
     "rank_and_world",
+    "rank_stream",
+    "shard",
     "sync_batchnorm",
     "synced",
 ]
@@ -168,6 +174,94 @@ def average_gradients(parameters: Iterable[nn.Parameter]) -> None:
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op outside a multi-process group)."""
+    if is_distributed():
+        dist.barrier()
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (pickled; for small things: a validation record, a
+    decision); ``obj`` itself outside a multi-process group."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def shard(n: int) -> range:
+    """This rank's contiguous share of ``n`` items (rank order; the first ``n mod K`` ranks
+    hold one more): what each rank embeds of a validation or bank set."""
+    rank, world = rank_and_world()
+    per, extra = divmod(n, world)
+    start = rank * per + min(rank, extra)
+    return range(start, start + per + (rank < extra))
+
+
+def gather_rows(t: Tensor) -> Tensor:
+    """Every rank's rows of ``t`` (row counts may differ, as :func:`shard` gives them),
+    concatenated in rank order on ``t``'s device, without autograd; ``t`` outside a group."""
+    if not is_distributed():
+        return t
+    rows = all_gather_cat(torch.tensor([t.shape[0]], device=t.device)).tolist()
+    padded = t.new_zeros((max(rows), *t.shape[1:]))
+    padded[: t.shape[0]] = t
+    parts = all_gather_cat(padded).chunk(len(rows))
+    return torch.cat([p[:n] for p, n in zip(parts, rows, strict=True)])
+
+
+def rank_stream(batches: Iterable, seed: int, epoch: int) -> Iterator:
+    """``batches`` loaded with torch's global CPU random stream swapped for one of this rank's,
+    seeded from (``seed``, rank, ``epoch``): the random crops and flips of a transform in this
+    process, or the base seed of the loader's workers, differ between ranks (with one stream
+    shared, rank r's k-th image would get rank 0's k-th crop), while the global stream — which
+    the strategies draw from and which must stay the same on every rank — is left as it was
+    between batches. Each epoch's stream is derived anew, so a fold resumed at an epoch
+    boundary loads what it would have. ``batches`` itself outside a multi-process group."""
+    if not is_distributed():
+        yield from batches
+        return
+    words = np.random.SeedSequence([seed, rank_and_world()[0], epoch]).generate_state(2)
+    state = torch.Generator().manual_seed(int(words[0]) << 32 | int(words[1])).get_state()
+    it = None
+    while True:
+        outer = torch.get_rng_state()
+        torch.set_rng_state(state)
+        try:
+            it = iter(batches) if it is None else it
+            item = next(it)
+        except StopIteration:
+            return
+        finally:
+            state = torch.get_rng_state()
+            torch.set_rng_state(outer)
+        yield item
+
+
+class GatheredModel(nn.Module):
+    """``model`` whose output is the global batch's embeddings (:func:`gather_embeddings`): what a
+    strategy is given under K ranks, so that its loss, miner and tuples see the whole batch
+    while each rank runs its own images through the trunk. ``trunk`` and ``embedder`` are
+    ``model``'s (a strategy may read them)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    @property
+    def trunk(self) -> nn.Module:
+        return self.model.trunk
+
+    @property
+    def embedder(self) -> nn.Module:
+        return self.model.embedder
+
+    def forward(self, x: Tensor) -> Tensor:
+        emb = self.model(x)
+        return gather_embeddings(emb, torch.empty(emb.shape[0], device=emb.device))[0]
 
 
 class DistributedBatchSampler(BatchSampler):

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import Subset
 from tqdm.auto import tqdm
 
 from mlrc.data.transforms import batch_to_trunk_input
@@ -64,12 +65,25 @@ from mlrc.train.checkpoint import (
     adopted,
     atomic_save,
     commit_best,
+    load_checkpoint,
     plain,
     resume_state,
     save_pending_best,
     set_aside,
 )
-from mlrc.train.embed import View, embed, embed_tensors
+from mlrc.train.distributed import (
+    GatheredModel,
+    all_gather_cat,
+    average_gradients,
+    barrier,
+    broadcast_object,
+    gather_rows,
+    is_distributed,
+    rank_and_world,
+    rank_stream,
+    shard,
+)
+from mlrc.train.embed import View, embed_tensors
 from mlrc.train.numerics import provenance
 from mlrc.train.schedule import lr_factor, set_learning_rates, warm_up
 from mlrc.train.setup import FoldParts, build_fold
@@ -158,13 +172,21 @@ def train_epochs(run: FoldRun, state: dict[str, Any] | None) -> FoldResult:
 def resume_or_adopt(spec: FoldSpec) -> dict[str, Any] | FoldResult | None:
     """What ``spec.workdir`` holds for this fold: the finished result to adopt, the ``last.pt``
     state to resume from, or ``None`` (train from the start). A folder computed under another
-    identity is set aside first (:func:`~mlrc.train.checkpoint.set_aside`)."""
-    spec.workdir.mkdir(parents=True, exist_ok=True)
-    state = resume_state(spec.workdir / "last.pt", spec.workdir / "best.pt")
-    if state is not None and state.get("identity", {}) != plain(spec.identity):
-        set_aside(spec.workdir, state.get("identity", {}), plain(spec.identity))
+    identity is set aside first (:func:`~mlrc.train.checkpoint.set_aside`). Under K ranks,
+    rank 0 decides (and repairs ``best.pt``, sets a folder aside) and the others then read the
+    ``last.pt`` it left, before anyone writes again."""
+    state = None
+    if rank_and_world()[0] == 0:
         spec.workdir.mkdir(parents=True, exist_ok=True)
-        state = None
+        state = resume_state(spec.workdir / "last.pt", spec.workdir / "best.pt")
+        if state is not None and state.get("identity", {}) != plain(spec.identity):
+            set_aside(spec.workdir, state.get("identity", {}), plain(spec.identity))
+            spec.workdir.mkdir(parents=True, exist_ok=True)
+            state = None
+    resumed = broadcast_object(state is not None)  # rank 0's answer, on every rank
+    if rank_and_world()[0] != 0 and resumed:
+        state = load_checkpoint(spec.workdir / "last.pt")
+    barrier()  # every rank has read last.pt: rank 0 may write again
     if state is not None and state.get("result") is not None:
         return adopted(state)
     return state
@@ -285,10 +307,12 @@ def train_epoch(run: FoldRun, epoch: int, bar: tqdm) -> float | FoldResult:
 def run_steps(run: FoldRun, epoch: int, tally: LossTally, bar: tqdm) -> None:
     """The epoch's steps, each loss added to ``tally`` unread. While the bar is shown, every
     ``READ_SECONDS`` the running mean goes to it, and a non-finite loss seen then ends the
-    epoch early."""
+    epoch early (one process only: K ranks, whose bar is rank 0's, end it together). Under K
+    ranks the batches are loaded with a random stream of the rank's own
+    (:func:`~mlrc.train.distributed.rank_stream`), so that ranks augment differently."""
     p = run.spec.preset
     next_read = math.inf if bar.disable else time.monotonic() + READ_SECONDS
-    for x, y, idx in run.parts.train_loader:
+    for x, y, idx in rank_stream(run.parts.train_loader, run.spec.seed, epoch):
         it = (epoch - 1) * p.iterations_per_epoch + tally.n + 1  # 1-based over the fold
         loss = calculate_loss(run, x, y, idx)
         tally.add(loss, it)
@@ -296,7 +320,7 @@ def run_steps(run: FoldRun, epoch: int, tally: LossTally, bar: tqdm) -> None:
         bar.update(1)
         if time.monotonic() >= next_read:
             mean, bad = tally.read()
-            if bad is not None:
+            if bad is not None and not is_distributed():  # K ranks end the epoch together
                 return
             show(run, bar, epoch, mean)
             next_read = time.monotonic() + READ_SECONDS
@@ -327,9 +351,10 @@ def fill_bank(run: FoldRun) -> None:
     """A memory-bank sampler's bank at the start of a run: the embeddings of every training
     image under the current model (validation transform), then back to training mode."""
     parts, spec, p = run.parts, run.spec, run.spec.preset
-    bank_view = View(parts.dataset, spec.train_classes, parts.val_set.transform)
-    bank, _ = embed(parts.model, bank_view, p.eval_batch_size, spec.device, p.num_workers)
-    parts.sampler.set_bank(torch.from_numpy(bank))
+    view = View(parts.dataset, spec.train_classes, parts.val_set.transform)
+    part = Subset(view, shard(len(view))) if is_distributed() else view  # K ranks: a share each
+    bank, _ = embed_tensors(parts.model, part, p.eval_batch_size, spec.device, p.num_workers)
+    parts.sampler.set_bank(gather_rows(bank).cpu())
     train_mode(run)
 
 
@@ -338,7 +363,9 @@ def calculate_loss(
 ) -> torch.Tensor:
     """The strategy's loss of one batch (images ``x``, labels ``y``, positions ``idx`` in the
     training view); a memory-bank sampler gets the batch's clean embeddings (the output of the
-    first forward pass) for its rows ``idx``."""
+    first forward pass) for its rows ``idx``. Under K ranks the strategy sees the global
+    batch: the labels gathered and the model's output gathered
+    (:class:`~mlrc.train.distributed.GatheredModel`), each rank's images its own."""
     parts, device = run.parts, run.spec.device
     pin = parts.train_loader.pin_memory
     captured: list[torch.Tensor] = []
@@ -349,13 +376,16 @@ def calculate_loss(
         if parts.sampler.needs_bank
         else None
     )
+    model, y = parts.model, y.to(device, non_blocking=pin)
+    if is_distributed():
+        model, y = GatheredModel(model), all_gather_cat(y)
     try:
         loss = parts.strategy.batch_loss(
-            parts.model,
+            model,
             parts.loss_fn,
             parts.miner,
             batch_to_trunk_input(x, parts.model.trunk.input_spec, device, pin),
-            y.to(device, non_blocking=pin),
+            y,
         )
     finally:
         if hook is not None:
@@ -367,17 +397,23 @@ def calculate_loss(
 
 def step_optimizers(parts: FoldParts, loss: torch.Tensor) -> None:
     """Backward pass and one step of the model's and the loss's optimisers; with fp16 through
-    the AMP scaler (scaled gradients, steps skipped on inf/NaN)."""
+    the AMP scaler (scaled gradients, steps skipped on inf/NaN). Under K ranks the gradients
+    are averaged over the ranks before the step (one all-reduce,
+    :func:`~mlrc.train.distributed.average_gradients`): the same on every rank, so every rank
+    steps alike."""
     optimizers = [o for o in (parts.opt, parts.loss_opt) if o is not None]
     for o in optimizers:
         o.zero_grad(set_to_none=True)
+    (parts.scaler.scale(loss) if parts.scaler.is_enabled() else loss).backward()
+    if is_distributed():
+        average_gradients(
+            [*parts.model.parameters(), *parts.loss_fn.parameters(), *parts.strategy.parameters()]
+        )
     if parts.scaler.is_enabled():
-        parts.scaler.scale(loss).backward()
         for o in optimizers:
             parts.scaler.step(o)
         parts.scaler.update()
     else:
-        loss.backward()
         for o in optimizers:
             o.step()
 
@@ -403,19 +439,34 @@ def end_of_epoch(run: FoldRun, epoch: int, train_loss: float) -> FoldResult | No
 
 def validate(run: FoldRun, epoch: int, train_loss: float | None) -> EpochRecord | str:
     """Validation metrics of the current model, added to the history and handed to
-    ``on_validation``; the failure reason (a string) when the embeddings are non-finite."""
+    ``on_validation``; the failure reason (a string) when the embeddings are non-finite. Under
+    K ranks each rank embeds its share of the validation set, rank 0 scores the whole set and
+    every rank gets its record."""
     parts, spec = run.parts, run.spec
     emb, lab = embed_tensors(
         parts.model, parts.val_loader, spec.preset.eval_batch_size, spec.device
     )
-    if not bool(torch.isfinite(emb).all()):  # the validation's one read of the device
-        return f"{NONFINITE} embeddings at validation, epoch {epoch}"
-    m = retrieval_metrics(emb, lab, device=spec.device)
-    rec = EpochRecord(epoch, train_loss, m["map_at_r"], m["precision_at_1"], m["r_precision"])
+    emb, lab = gather_rows(emb), gather_rows(lab)
+    rec = score(emb, lab, epoch, train_loss, spec.device) if rank_and_world()[0] == 0 else None
+    rec = broadcast_object(rec)
+    if isinstance(rec, str):
+        return rec
     run.history.append(rec)
     if run.on_validation is not None:
         run.on_validation(rec)
     return rec
+
+
+def score(
+    emb: torch.Tensor, lab: torch.Tensor, epoch: int, train_loss: float | None, device: str
+) -> EpochRecord | str:
+    """The validation record of embeddings ``emb`` (n × d, not normalised) with labels ``lab``
+    (exact k-NN, :func:`~mlrc.protocol.retrieval_metrics`), or the failure reason when an
+    embedding is non-finite."""
+    if not bool(torch.isfinite(emb).all()):  # the validation's one read of the device
+        return f"{NONFINITE} embeddings at validation, epoch {epoch}"
+    m = retrieval_metrics(emb, lab, device=device)
+    return EpochRecord(epoch, train_loss, m["map_at_r"], m["precision_at_1"], m["r_precision"])
 
 
 def consider_best(run: FoldRun, rec: EpochRecord) -> None:
@@ -439,6 +490,9 @@ def save_last(run: FoldRun, epoch: int, res: FoldResult | None = None) -> None:
     the background writer: a snapshot now, then in the writer thread a new best's pending model,
     ``last.pt``, and ``best.pt`` committed once ``last.pt`` records it (:func:`write_epoch`)."""
     parts = run.parts
+    if rank_and_world()[0] != 0:  # K ranks: rank 0 writes (all ranks hold the same state)
+        run.saved_at, run.new_best = time.monotonic(), None
+        return
     state = {
         "model": parts.model.state_dict(),
         "loss": parts.loss_fn.state_dict(),
@@ -474,6 +528,11 @@ def write_epoch(
     commit_best(best_path, best_epoch)
 
 
+def ranks() -> dict[str, int]:
+    """``{"processes": K}`` for a fold trained as K > 1 ranks (its provenance), else nothing."""
+    return {"processes": rank_and_world()[1]} if is_distributed() else {}
+
+
 def finish(run: FoldRun, status: str, reason: str | None, epoch: int) -> FoldResult:
     """The fold's result (``status`` complete | failed), recorded in ``last.pt`` at ``epoch``
     (on disk when this returns)."""
@@ -488,7 +547,7 @@ def finish(run: FoldRun, status: str, reason: str | None, epoch: int) -> FoldRes
         objective=trained_best(run.history, run.spec.preset.selection_metric),
         device=run.spec.device,
         code_version=run.spec.code_version,
-        provenance=provenance(run.spec.device, run.spec.preset),
+        provenance=provenance(run.spec.device, run.spec.preset) | ranks(),
     )
     save_last(run, epoch, res)
     run.writer.wait()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 from torchvision import transforms as T
 
 from mlrc.config import Preset
@@ -31,6 +31,14 @@ from mlrc.data.transforms import (
     train_transform,
 )
 from mlrc.methods import losses, miners, samplers, strategies
+from mlrc.models.freezing import freeze_batchnorm
+from mlrc.train.distributed import (
+    DistributedBatchSampler,
+    is_distributed,
+    rank_and_world,
+    shard,
+    sync_batchnorm,
+)
 from mlrc.train.embed import IndexedView, View
 from mlrc.train.loaders import FoldLoader
 from mlrc.train.model import Model, build_model
@@ -103,6 +111,12 @@ def build_fold(spec: FoldSpec) -> FoldParts:
         seed=spec.seed,
         **spec.sampler_params,
     )
+    if is_distributed():  # K ranks: each its slice of the global batch, BatchNorm over it all
+        sampler = DistributedBatchSampler(sampler, *rank_and_world())
+        model.train()
+        if p.freeze_batchnorm:
+            freeze_batchnorm(model.trunk)
+        sync_batchnorm(model)
     train_loader, val_loader = make_loaders(p, train_set, val_set, sampler, spec.device)
     return FoldParts(
         model=model,
@@ -128,8 +142,12 @@ def make_loaders(
     ``eval_batch_size``), with the preset's :func:`loader_options`. With
     ``persistent_workers``, each is a :class:`~mlrc.train.loaders.FoldLoader`: its workers
     live for the whole fold and give the very batches of workers started at every epoch;
-    otherwise a plain ``DataLoader``, started at every ``iter()``."""
+    otherwise a plain ``DataLoader``, started at every ``iter()``. Under K ranks the
+    validation loader reads this rank's share of ``val_set``
+    (:func:`~mlrc.train.distributed.shard`)."""
     opts = loader_options(p, device)
+    if is_distributed():
+        val_set = Subset(val_set, shard(len(val_set)))
     if opts.pop("persistent_workers"):
         return (
             FoldLoader(IndexedView(train_set), batch_sampler=sampler, **opts),
