@@ -17,14 +17,17 @@ from mlrc.cli.options import (
     ArtifactsOpt,
     CpusPerTrialOpt,
     DeviceOpt,
+    DevicesOpt,
     GpusPerTrialOpt,
     MaxConcurrentOpt,
+    ProcsOpt,
     QuietOpt,
     SkipChecksOpt,
     StorageOpt,
     ThreadsOpt,
     TrackOpt,
     check_track,
+    device_list,
     fair_share,
 )
 from mlrc.cli.terminal import (
@@ -64,6 +67,8 @@ def campaign_run(
     gpus_per_trial: GpusPerTrialOpt = 0.0,
     track: TrackOpt = None,
     skip_checks: SkipChecksOpt = False,
+    procs_per_trial: ProcsOpt = None,
+    devices: DevicesOpt = None,
 ) -> None:
     """Run (or resume) every study of the campaign: search, then test stage, one after another.
     Exit 1 if a study failed (the others still run). Ctrl-C / SIGTERM: the running trial or
@@ -97,6 +102,8 @@ def campaign_run(
             track,
             checks=not skip_checks,
             events=Printed(),
+            procs=procs_per_trial,
+            devices=device_list(devices),
         )
     if failures:
         raise typer.Exit(1)

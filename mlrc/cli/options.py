@@ -105,6 +105,38 @@ ThreadsOpt = Annotated[
 ]
 
 
+ProcsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--procs-per-trial",
+        min=1,
+        help="train each fold as K processes of torch.distributed, one per device (gloo on "
+        "the CPU); the preset's batch is split between them (default: the preset's "
+        "processes_per_trial, 1)",
+    ),
+]
+DevicesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--devices",
+        help="the ranks' devices, comma-separated (cuda:0,cuda:1,…); default: the first K "
+        "from --device (cuda → cuda:0…; cpu → every rank on the CPU)",
+    ),
+]
+
+
+def device_list(devices: str | None) -> list[str] | None:
+    """``--devices`` as a list (None when not given); a malformed entry fails in one line."""
+    from mlrc.cli.terminal import check_device
+
+    if devices is None:
+        return None
+    out = [d.strip() for d in devices.split(",") if d.strip()]
+    for d in out:
+        check_device(d)
+    return out
+
+
 def fair_share(threads: int | None, quiet: bool) -> None:
     """Register this process as an mlrc worker of the host, its folds taking turns for the
     host's cores; ``threads``: ``--threads`` (a new study's folds use it, else the cores this

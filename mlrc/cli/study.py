@@ -16,9 +16,11 @@ from mlrc.cli.options import (
     ArtifactsOpt,
     CpusPerTrialOpt,
     DeviceOpt,
+    DevicesOpt,
     GpusPerTrialOpt,
     KeepOpt,
     MaxConcurrentOpt,
+    ProcsOpt,
     QuietOpt,
     ReproductionsOpt,
     SkipChecksOpt,
@@ -27,6 +29,7 @@ from mlrc.cli.options import (
     TrackOpt,
     TrialsOpt,
     check_track,
+    device_list,
     fair_share,
 )
 from mlrc.cli.terminal import (
@@ -75,21 +78,26 @@ def open_study_file(
     track: str | None = None,
     threads: int | None = None,
     checks: bool = True,
+    procs: int | None = None,
+    devices: list[str] | None = None,
 ):
     """Load the study file, with the budgets and retention given on the command line, and open
     its study (a context manager yielding the study's :class:`~mlrc.search.StudySession`) for the
     ``stage`` ("search" or "test") whose budget it records when changed. What the command line
     gives (``--trials``, ``--reproductions``, ``--keep``, ``--threads``) is the study's from then
     on: a plain rerun keeps it (see :func:`mlrc.search.session.settle`). ``checks``: the
-    pre-flight first (:func:`preflight`)."""
+    pre-flight first (:func:`preflight`). ``procs``/``devices``: ``--procs-per-trial`` and
+    ``--devices`` (checked before the pre-flight)."""
     from mlrc.config import load_study, with_changes
     from mlrc.search import open_study
+    from mlrc.search.session import rank_plan
     from mlrc.search.tracking import with_track
 
     resolved = with_changes(
         load_study(study_file), trials=trials, reproductions=reproductions, keep=keep
     )
     resolved = with_track(resolved, track)  # --track: instead of the file's tracking
+    rank_plan(resolved, device, procs, devices)  # a refusal before the pre-flight's work
     # before the study is registered: a refused study leaves nothing in the store
     line = preflight(resolved, quiet) if checks else None
     used = ("search.trials",) if stage == "search" else ("test.reproductions",)
@@ -102,6 +110,8 @@ def open_study_file(
         force_new=force_new,
         budgets_used=used,
         threads=threads,
+        procs=procs,
+        devices=devices,
     )
     return announced(opened, line)
 
@@ -154,9 +164,11 @@ def study_run(
     keep: KeepOpt = None,
     track: TrackOpt = None,
     skip_checks: SkipChecksOpt = False,
+    procs_per_trial: ProcsOpt = None,
+    devices: DevicesOpt = None,
 ) -> None:
     """Run (or resume) the Bayesian search: trials × 4 folds, objective = mean val MAP@R."""
-    # size: a typer command: 18 options, one per line; the body is 35 lines
+    # size: a typer command: 20 options, one per line; the body is 37 lines
     from mlrc.search.backends import backend_named
     from mlrc.train.numerics import bind_device
 
@@ -194,6 +206,8 @@ def study_run(
             track=track,
             threads=threads,
             checks=not skip_checks,
+            procs=procs_per_trial,
+            devices=device_list(devices),
         ) as ctx,
     ):
         chosen.search(ctx, options)

@@ -18,13 +18,16 @@ from mlrc.cli.interrupts import interrupts
 from mlrc.cli.options import (
     DEFAULT_ARTIFACTS,
     DEFAULT_STORAGE,
+    DevicesOpt,
     KeepOpt,
+    ProcsOpt,
     QuietOpt,
     SkipChecksOpt,
     ThreadsOpt,
     TrackOpt,
     TrialsOpt,
     check_track,
+    device_list,
     fair_share,
 )
 from mlrc.cli.study import open_study_file, preflight
@@ -77,13 +80,17 @@ def worker(
     keep: KeepOpt = None,
     track: TrackOpt = None,
     skip_checks: SkipChecksOpt = False,
+    procs_per_trial: ProcsOpt = None,
+    devices: DevicesOpt = None,
 ) -> None:
     """One worker of a pool: run trials of the study until its budget of finished trials is
     reached by the whole pool, then exit 0. Start any number, on any machines, against one
     PostgreSQL database (SQLite allows a single worker). ``--per-gpu N`` starts N such workers
     on the same device as separate processes (the exit code is the first non-zero one);
-    ``--mps`` runs them under a CUDA MPS daemon started for them and stopped after them."""
-    # size: a typer command: 14 options, one per line; the body is 40 lines
+    ``--mps`` runs them under a CUDA MPS daemon started for them and stopped after them.
+    ``--procs-per-trial K`` trains each fold as K ranks on ``--devices`` (or the first K GPUs
+    from ``--device``): one K-rank trial at a time; workers beside it take other devices."""
+    # size: a typer command: 16 options, one per line; the body is 42 lines
     from mlrc.search import run_search
 
     if heartbeat < 1 or (grace is not None and grace <= heartbeat):
@@ -93,6 +100,8 @@ def worker(
     check_device(device)
     check_artifacts(artifacts)
     check_track(track)
+    if per_gpu > 1 and (procs_per_trial or 1) > 1:
+        fail("--per-gpu packs one-process trials on one GPU; it cannot pack --procs-per-trial")
     if per_gpu > 1:
         args = [str(study_file), "--artifacts", str(artifacts), "--device", device, "--skip-checks"]
         args += ["--heartbeat", str(heartbeat)] + (["--grace", str(grace)] if grace else [])
@@ -123,6 +132,8 @@ def worker(
             track=track,
             threads=threads,
             checks=not skip_checks,
+            procs=procs_per_trial,
+            devices=device_list(devices),
         ) as ctx,
     ):
         from mlrc.store import redact

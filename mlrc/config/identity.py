@@ -59,6 +59,7 @@ RUNTIME_ONLY = (
     "persistent_workers",
     "decoded_cache",
     "checkpoint_minutes",
+    "processes_per_trial",  # the global batch is the study's; how many ranks share it is not
 )
 
 

@@ -257,6 +257,10 @@ class Preset(Strict):
     decoded_cache: bool = False  # decoded, resized uint8 images (and evaluation crops) on disk
     # minutes between two ``last.pt`` writes at most (also written at every validation epoch)
     checkpoint_minutes: float = Field(10.0, gt=0)
+    # one fold as K processes of torch.distributed (one GPU each; gloo on the CPU): the global
+    # batch ``batch.size`` is split between them, so K changes where the batch is computed,
+    # not the study (mlrc.train.launch; ``--procs-per-trial`` overrides it)
+    processes_per_trial: int = Field(1, ge=1)
     # Numerics (part of a study's protocol). tf32: TF32 tensor-core maths in cuDNN convolutions
     # and CUDA matmuls (None: torch's defaults, i.e. convolutions TF32, matmuls full fp32);
     # deterministic: cuDNN deterministic algorithms, benchmark off, CUBLAS_WORKSPACE_CONFIG.

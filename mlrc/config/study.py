@@ -23,6 +23,7 @@ from mlrc.config.identity import BUDGETS, drop_speed_and_later_defaults
 from mlrc.config.load import ConfigError, did_you_mean, load_yaml, validate_model
 from mlrc.config.plugins import resolve_miner, resolve_strategy
 from mlrc.config.presets import load_preset
+from mlrc.config.ranks import check_ranks
 from mlrc.config.schema import (
     KEEP_POLICIES,
     LOSS_LR,
@@ -194,7 +195,7 @@ def resolve(study: StudyConfig, source: str = "study", base: Path | None = None)
     check_sampler(study.sampler, source)
     trials = _trials(study, preset, space, source)
     check_enqueue(study.search.enqueue, space, source, param_types(study, _loss_types(spec)))
-    return ResolvedStudy(
+    resolved = ResolvedStudy(
         study=study,
         preset=preset,
         space=space,
@@ -208,6 +209,8 @@ def resolve(study: StudyConfig, source: str = "study", base: Path | None = None)
         split=split,
         source=source,
     )
+    check_ranks(resolved, preset.processes_per_trial, f"{source}: processes_per_trial")
+    return resolved
 
 
 def _loss_info(name: str, source: str) -> Any:

@@ -19,7 +19,7 @@ failed study's reason; :mod:`mlrc.cli.campaign` prints them and the grid.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -45,7 +45,7 @@ from mlrc.errors import interrupt_behind
 from mlrc.search.backends import Backend, backend_named
 from mlrc.search.errors import USER_ERRORS, StudyError, failure_reason
 from mlrc.search.reproductions import run_test
-from mlrc.search.session import StudySession, open_study, register_study
+from mlrc.search.session import StudySession, open_study, rank_plan, register_study
 from mlrc.search.tracking import with_track
 from mlrc.store import NONFINITE, StoreError
 from mlrc.store.campaigns import (
@@ -266,17 +266,22 @@ def run_campaign(
     track: str | None = None,
     checks: bool = True,
     events: CampaignEvents = SILENT,
+    procs: int | None = None,
+    devices: Sequence[str] | None = None,
 ) -> dict[str, str]:
     """Run (or resume) every study of the campaign file: load and resolve them all, run their
     pre-flight (``checks``; :func:`preflight`), register them, then search and test each in
     turn (``backend``: a name in :data:`~mlrc.search.backends.BACKENDS`, one backend session
     for the whole campaign), telling ``events`` as it goes. Returns the reason each failed
     study failed, by name (the others still ran). ``track``: ``--track`` (instead of the file's
-    ``tracking``)."""
+    ``tracking``). ``procs``/``devices``: ``--procs-per-trial``/``--devices``, every study's
+    checked (:func:`~mlrc.search.session.rank_plan`) before any is registered."""
     chosen = backend_named(backend)
 
     cfg = load_campaign(campaign_file)
     plan = [(c, with_track(r, track)) for c, r in resolve_campaign(cfg, str(campaign_file))]
+    for _, resolved in plan:
+        rank_plan(resolved, device, procs, devices)
     engine = store.connect(storage)
     lines = []
     if checks:  # every study's, before any is registered: one problem refuses the campaign
@@ -295,6 +300,8 @@ def run_campaign(
         backend=backend,
         ray_options=ray_options,
         events=events,
+        procs=procs,
+        devices=devices,
     )
     with chosen.session(ray_options, quiet):
         failures = _run_studies(cfg.name, plan, run, events)
@@ -338,6 +345,8 @@ def run_study(
     backend: str,
     ray_options: dict[str, Any],
     events: CampaignEvents = SILENT,
+    procs: int | None = None,
+    devices: Sequence[str] | None = None,
 ) -> str | None:
     """Search then test stage of one study; the reason it failed, or None. Errors of the
     study itself (its dataset, its lock, its trials) are returned as the one line ``study run``
@@ -345,7 +354,9 @@ def run_study(
     of :func:`mlrc.search.errors.ending`); store errors and Ctrl-C/SIGTERM propagate (the
     interrupted trial or test fold is recorded as such)."""
     try:
-        with open_study(resolved, storage, artifacts, device, progress=not quiet) as ctx:
+        with open_study(
+            resolved, storage, artifacts, device, not quiet, procs=procs, devices=devices
+        ) as ctx:
             return _search_and_test(ctx, backend_named(backend), ray_options, events)
     except StoreError:
         raise  # the store itself is unusable: no other study can run either

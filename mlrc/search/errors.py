@@ -9,6 +9,7 @@ from mlrc.errors import interrupt_behind
 from mlrc.protocol import SplitError
 from mlrc.registry import RegistryError
 from mlrc.store import StoreError, is_database_error
+from mlrc.train.launch import RankLost
 
 __all__ = [
     "INTERRUPTED",
@@ -17,6 +18,7 @@ __all__ = [
     "StudyError",
     "ending",
     "failure_reason",
+    "rank_lost",
     "interrupt_behind",
 ]
 
@@ -77,9 +79,24 @@ def ending(e: BaseException) -> tuple[str, str | None]:
     database (nothing can be written: the next run, or another worker after the heartbeat's
     grace period, records it as interrupted), ``("failed", reason)`` for everything else, the
     reason being the one-line error the user sees (:func:`failure_reason`). A lost worker (no
-    heartbeat) is the third way to be interrupted; it is found by others, not raised."""
+    heartbeat) is the third way to be interrupted; it is found by others, not raised. A rank of
+    a K-process fold killed or lost (:class:`~mlrc.train.launch.RankLost`) is the fourth:
+    ``("interrupted", "interrupted: rank 1 of 2 ended by SIGKILL")`` — retried, resuming from
+    ``last.pt``, and the worker goes on."""
     if interrupt_behind(e) is not None:
         return INTERRUPTED, None
     if is_database_error(e):
         return "lost", None
+    lost = rank_lost(e)
+    if lost is not None:
+        return INTERRUPTED, f"{INTERRUPTED}: {lost}"
     return "failed", failure_reason(e)
+
+
+def rank_lost(e: BaseException) -> RankLost | None:
+    """``e`` (or the exception a Ray task's error carries) when it is a lost rank."""
+    cause = getattr(e, "cause", None)
+    for x in (e, cause):
+        if isinstance(x, RankLost):
+            return x
+    return None

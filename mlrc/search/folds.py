@@ -21,6 +21,7 @@ from mlrc.search.retention import release_fold
 from mlrc.search.session import StudySession
 from mlrc.store import trials
 from mlrc.train import CheckpointError, EpochRecord, FoldResult, FoldSpec, train_fold
+from mlrc.train.launch import train_fold_ranks
 from mlrc.train.threads import apply_threads, fold_cores, fold_slot
 
 log = logging.getLogger("mlrc")
@@ -83,12 +84,18 @@ def run_fold(
         ctx.tracker.epoch(job, trial_number, rec)  # MLflow/W&B, when tracked (never raises)
 
     spec = fold_spec(ctx, job, params, seed, trial_number)
-    # folds take turns for the host's cores (torch threads and loader processes); a GPU fold
-    # does not wait, but holds its loader processes' cores so that CPU folds beside it wait
-    cores = fold_cores(threads, ctx.resolved.preset.num_workers, ctx.device)
+    # folds take turns for the host's cores (torch threads and loader processes, of every
+    # rank); a GPU fold does not wait, but holds its loader processes' cores so that CPU folds
+    # beside it wait. K ranks share the study's threads (one each at least).
+    k = max(1, len(ctx.devices))
+    per_rank = max(1, threads // k)
+    cores = k * fold_cores(per_rank, ctx.resolved.preset.num_workers, ctx.device)
     try:
         with fold_slot(cores, wait=ctx.device == "cpu"):
-            res = train_fold(spec, on_validation=record)
+            if k > 1:
+                res = train_fold_ranks(spec, ctx.devices, per_rank, on_validation=record)
+            else:
+                res = train_fold(spec, on_validation=record)
     except CheckpointError as e:  # disk full, unreadable last.pt: the run stops, one line
         raise StudyError(str(e)) from None
     for rec in res.history:  # a resumed fold re-reports nothing: make sure every epoch is stored

@@ -162,17 +162,19 @@ def retry_interrupted(
     storage: Any,
     study_id: int,
     t: optuna.trial.FrozenTrial,
+    reason: str = "interrupted",
 ) -> None:
-    """Record the RUNNING trial ``t`` as interrupted: retried, not counted. Idempotent, and in an
-    order that a kill at any step leaves repairable — mlrc's row, the retry (enqueued once), then
-    Optuna's FAIL: until that last write the trial is still RUNNING and the next run redoes it."""
-    _mark_interrupted(ctx, t, "interrupted")
+    """Record the RUNNING trial ``t`` as interrupted (``reason``: how, e.g. a lost rank):
+    retried, not counted. Idempotent, and in an order that a kill at any step leaves
+    repairable — mlrc's row, the retry (enqueued once), then Optuna's FAIL: until that last
+    write the trial is still RUNNING and the next run redoes it."""
+    _mark_interrupted(ctx, t, reason)
     params = _retry_params(ctx, t)
     retried = any(o.user_attrs.get("retry_of") == t.number for o in ostudy.get_trials(False))
     if params is not None and not retried:
         ostudy.enqueue_trial(params, user_attrs={"retry_of": t.number})
     trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
-    storage.set_trial_user_attr(trial_id, "reason", "interrupted")
+    storage.set_trial_user_attr(trial_id, "reason", reason)
     storage.set_trial_state_values(trial_id, TrialState.FAIL)
 
 

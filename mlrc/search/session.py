@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -27,6 +27,8 @@ from mlrc.config import (
     with_settings,
 )
 from mlrc.config.identity import code_version
+from mlrc.config.load import ConfigError
+from mlrc.config.ranks import check_ranks
 from mlrc.config.splits import build_split
 from mlrc.data.base import ImageDataset
 from mlrc.protocol.splits import Split
@@ -41,6 +43,7 @@ from mlrc.search.retention import collect_study
 from mlrc.search.tracking import Tracker, open_tracker, study_run
 from mlrc.store import history, studies
 from mlrc.train import threads as cpu
+from mlrc.train.launch import rank_devices
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -65,6 +68,8 @@ class StudySession:
     progress: bool = True
     tracker: Tracker = dataclass_field(default_factory=Tracker)  # MLflow/W&B runs (none by default)
     threads: int | None = None  # torch intra-op threads of every fold: the study's (stored)
+    # the devices of a fold's K ranks (rank r on devices[r]); empty: one process on ``device``
+    devices: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -84,6 +89,27 @@ class StudySession:
 # --- opening a study ---------------------------------------------------------------------------
 
 
+def rank_plan(
+    resolved: ResolvedStudy,
+    device: str,
+    procs: int | None = None,
+    devices: Sequence[str] | None = None,
+) -> tuple[str, ...]:
+    """The devices of a fold's ranks for ``procs`` processes per trial (None: the preset's
+    ``processes_per_trial``): ``()`` for one process on ``device``, else one per rank
+    (:func:`mlrc.train.launch.rank_devices`). ``ConfigError`` in one line when the study cannot
+    be split so (:func:`mlrc.config.ranks.check_ranks`) or the devices do not allow it."""
+    k = procs or resolved.preset.processes_per_trial
+    if k == 1 and not devices:
+        return ()
+    check_ranks(resolved, k, "--procs-per-trial" if procs else "")
+    try:
+        planned = rank_devices(device, k, devices)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return tuple(planned) if k > 1 else ()
+
+
 @contextmanager
 def open_study(
     resolved: ResolvedStudy,
@@ -94,11 +120,16 @@ def open_study(
     force_new: bool = False,
     budgets_used: Iterable[str] = BUDGETS,
     threads: int | None = None,
+    procs: int | None = None,
+    devices: Sequence[str] | None = None,
 ) -> Iterator[StudySession]:
     """Connect, register (or check) the study, load the dataset; hold a lock for SQLite.
     ``force_new``: a stored study of the same name with another configuration is archived
     (:func:`archive_study`) and this one starts afresh; otherwise that is refused. ``threads``:
-    ``--threads`` (None: this process's, see :func:`register_study`)."""
+    ``--threads`` (None: this process's, see :func:`register_study`). ``procs``/``devices``:
+    ``--procs-per-trial``/``--devices`` (None: the preset's ``processes_per_trial``, and
+    :func:`rank_plan`'s devices), checked before anything is stored."""
+    ranks = rank_plan(resolved, device, procs, devices)
     engine = store.connect(url)
     with sqlite_lock(engine, resolved.study.name):
         if force_new:
@@ -109,6 +140,7 @@ def open_study(
         ctx = build_session(
             resolved, url, artifacts, device, progress, engine, budgets_used, threads
         )
+        ctx.devices = ranks
         for warning in data.check_dataset(ctx.dataset, ctx.split.trainval_classes):
             log.warning("%s", warning)  # one-image training classes, duplicate files
         try:

@@ -33,6 +33,13 @@ class Strategy(nn.Module):
     # would silently do nothing (or less than its name says).
     positive_pairs: str | None = None
 
+    def ranks_refusal(self, values: dict[str, list[Any]]) -> str | None:
+        """Why the strategy cannot train as K > 1 ranks with any of these parameter values
+        (name → the values it may take: fixed, searched or default), or None. Under K ranks
+        ``batch_loss`` gets a model whose output is the global batch's embeddings and the
+        global labels, but only this rank's images."""
+        return None
+
     def batch_loss(
         self, model: nn.Module, loss_fn: nn.Module, miner: nn.Module | None, x: Tensor, y: Tensor
     ) -> Tensor:

@@ -100,7 +100,7 @@ import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as Fn
@@ -306,6 +306,15 @@ class Metrix(Strategy):
         if int(k) < 1 or int(k) != k:
             raise ValueError(f"k must be a positive integer, got {k}")
         self.mixup, self.a, self.w, self.pairs, self.k = mixup, float(a), float(w), pairs, int(k)
+
+    def ranks_refusal(self, values: dict[str, list[Any]]) -> str | None:
+        mixups = [m for m in values.get("mixup", [self.mixup]) if m != "embedding"]
+        if not mixups:
+            return None
+        return (
+            f"metrix mixup {mixups[0]!r} mixes the images (or feature maps) of pairs drawn "
+            "from the global batch, which no rank holds whole; use mixup: embedding"
+        )
 
     def mixing_pairs(
         self, pos: Tensor, neg: Tensor, anc_neg: bool, hardness: Tensor | None = None

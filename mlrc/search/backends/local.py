@@ -39,6 +39,7 @@ from mlrc.search.optuna_setup import counts, optuna_study
 from mlrc.search.session import StudySession
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
+from mlrc.train.launch import RankLost
 
 log = logging.getLogger("mlrc")
 
@@ -80,17 +81,22 @@ def run_search(
         if claim == "wait":
             time.sleep(poll_s)
             continue
-        with (
-            TrialHeartbeat(storage, claim.trial_id, heartbeat_s),
-            _recorded_on_exit(ctx, ostudy, storage, study_id, claim),
-        ):
-            try:
-                value, reason = run_objective(
-                    ctx, claim.trial.number, claim.params, should_prune=pruning(ctx, claim.trial)
-                )
-            except optuna.TrialPruned as e:
-                value, reason = None, str(e)
-                claim.trial.set_user_attr("reason", reason)
+        try:
+            with (
+                TrialHeartbeat(storage, claim.trial_id, heartbeat_s),
+                _recorded_on_exit(ctx, ostudy, storage, study_id, claim),
+            ):
+                try:
+                    prune = pruning(ctx, claim.trial)
+                    value, reason = run_objective(
+                        ctx, claim.trial.number, claim.params, should_prune=prune
+                    )
+                except optuna.TrialPruned as e:
+                    value, reason = None, str(e)
+                    claim.trial.set_user_attr("reason", reason)
+        except RankLost as e:  # recorded interrupted and retried: this worker goes on
+            log.warning("trial %d interrupted (%s): retried", claim.trial.number, e)
+            continue
         tell_optuna(ctx, ostudy, claim, value, reason)
 
 
@@ -194,8 +200,8 @@ def _recorded_on_exit(
     except BaseException as e:
         how, reason = ending(e)
         if how == INTERRUPTED:
-            _record_interrupt(ctx, ostudy, storage, study_id, claim)
-            if not isinstance(e, Interrupted):
+            _record_interrupt(ctx, ostudy, storage, study_id, claim, reason or INTERRUPTED)
+            if not isinstance(e, Interrupted | RankLost):
                 raise Interrupted(claim.trial.number) from e
         elif how == "failed":
             _record_failure(ctx, ostudy, storage, study_id, claim, reason)
@@ -203,14 +209,20 @@ def _recorded_on_exit(
 
 
 def _record_interrupt(
-    ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim
+    ctx: StudySession,
+    ostudy: optuna.Study,
+    storage: Any,
+    study_id: int,
+    claim: _Claim,
+    reason: str = INTERRUPTED,
 ) -> None:
-    """The claimed trial, if still RUNNING, as interrupted now (a failure here is only logged)."""
+    """The claimed trial, if still RUNNING, as interrupted now with ``reason`` (a failure here
+    is only logged)."""
     try:
         with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
             t = storage.get_trial(claim.trial_id)
             if t.state == TrialState.RUNNING:
-                retry_interrupted(ctx, ostudy, storage, study_id, t)
+                retry_interrupted(ctx, ostudy, storage, study_id, t, reason)
     except Exception as e:  # noqa: BLE001 — recovered later (next run / heartbeat); one line
         log.warning(
             "trial %d not recorded as interrupted now (%s); it is recovered later",

@@ -39,7 +39,7 @@ from mlrc.search.heartbeat import (
 )
 from mlrc.search.objective import run_objective, sequential_folds
 from mlrc.search.optuna_setup import finished, optuna_study
-from mlrc.search.session import StudySession, build_session
+from mlrc.search.session import StudySession, build_session, rank_plan
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
 from mlrc.store import trials
@@ -62,12 +62,15 @@ class Job:
     cpus_per_fold: float
     gpus_per_fold: float
     heartbeat_s: int
+    procs: int = 1  # ranks of each fold, started inside the trial's task on its node
 
     def context(self) -> StudySession:
-        """Built once per Ray process (actors are reused across trials): dataset loaded once."""
-        key = (self.resolved.study.name, self.url, self.artifacts, self.device)
+        """Built once per Ray process (actors are reused across trials): dataset loaded once.
+        With ``procs`` > 1 a fold's ranks take the task's GPUs (those Ray made visible to it)
+        or its CPU."""
+        key = (self.resolved.study.name, self.url, self.artifacts, self.device, self.procs)
         if key not in _CONTEXTS:
-            _CONTEXTS[key] = build_session(  # the driver recorded any change of budget
+            ctx = build_session(  # the driver recorded any change of budget
                 self.resolved,
                 self.url,
                 self.artifacts,
@@ -75,6 +78,8 @@ class Job:
                 progress=False,
                 budgets_used=(),
             )
+            ctx.devices = rank_plan(self.resolved, self.device, self.procs)
+            _CONTEXTS[key] = ctx
         return _CONTEXTS[key]
 
 
@@ -235,6 +240,7 @@ def run_search_ray(
             recover_interrupted(ctx, ostudy, storage, study_id)
         else:
             _fail_stale(ctx, 4 * heartbeat_s, heartbeat_s)
+    procs = _ranks_per_trial(ctx, gpus_per_trial, fold_parallel)
     remaining = ctx.resolved.trials - len(finished(ostudy))
     if remaining <= 0:
         return ostudy
@@ -248,6 +254,7 @@ def run_search_ray(
         (cpus_per_trial - DRIVER_CPU) / n if fold_parallel else cpus_per_trial,
         gpus_per_trial / n,
         heartbeat_s,
+        procs,
     )
     resources = _resources(job, n, cpus_per_trial, gpus_per_trial)
     tuner = partial(_tuner, ctx, job, storage, scheduler, max_concurrent, remaining, resources)
@@ -257,6 +264,25 @@ def run_search_ray(
         raise _interrupted(ctx, ostudy, storage, study_id) from e
     _record_outcomes(ctx, ostudy, results, n)
     return ostudy
+
+
+def _ranks_per_trial(ctx: StudySession, gpus_per_trial: float, fold_parallel: bool) -> int:
+    """K, the ranks of each fold (``--procs-per-trial``): started inside the trial's Ray task,
+    so on one node, one rank per GPU the trial reserves. One line when Ray cannot place them."""
+    k = max(1, len(ctx.devices))
+    if k == 1:
+        return 1
+    if fold_parallel:
+        raise StudyError(
+            f"--procs-per-trial {k}: a fold's ranks need the trial's resources; "
+            "drop --fold-parallel"
+        )
+    if gpus_per_trial and gpus_per_trial != k:
+        raise StudyError(
+            f"--procs-per-trial {k} needs --gpus-per-trial {k} on Ray (one GPU per "
+            f"rank), got {gpus_per_trial:g}"
+        )
+    return k
 
 
 def _interrupted(
