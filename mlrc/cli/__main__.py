@@ -2,4 +2,5 @@
 
 from mlrc.cli import app
 
-app()
+if __name__ == "__main__":
+    app()

@@ -79,6 +79,15 @@ def slurm_submit(
             "and stops the daemon)",
         ),
     ] = False,
+    procs_per_trial: Annotated[
+        int,
+        typer.Option(
+            "--procs-per-trial",
+            min=1,
+            help="each worker trains a fold as K ranks on K of the job's GPUs (--gpus-per-worker "
+            "a multiple of K; one K-rank worker per job when equal) or on its CPUs",
+        ),
+    ] = 1,
 ) -> None:
     """Submit N Slurm jobs, each running `mlrc worker` (K per GPU with --per-gpu K) on the
     study's PostgreSQL URL. A cancelled or preempted job's trial is retried by the others; a job
@@ -111,6 +120,7 @@ def slurm_submit(
                 grace=grace,
                 threads=threads,
                 mps=mps,
+                procs=procs_per_trial,
             )
         except SlurmError as e:
             fail(str(e))

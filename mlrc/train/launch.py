@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import os
 import pickle
 import threading
@@ -47,6 +48,11 @@ __all__ = ["TIMEOUT_S", "RankLost", "rank_devices", "train_fold_ranks"]
 TIMEOUT_S = 600.0
 EVENTS = "validations.jsonl"
 POLL_S = 0.5  # how often the validations file is read while the ranks train (seconds)
+# Ranks are forked from a forkserver that imported the trainer once (set_forkserver_preload):
+# a fold's launch costs a fork, not K fresh interpreters importing torch (seconds each), and
+# nothing is forked from this process's threads.
+START_METHOD = "forkserver"
+PRELOAD = ["mlrc.train.loop", "mlrc.train.launch"]
 
 
 class RankLost(RuntimeError):
@@ -114,8 +120,9 @@ def train_fold_ranks(
         rdzv_endpoint="localhost:0",  # a free port, as torchrun --standalone
         max_restarts=0,
         monitor_interval=0.2,
-        start_method="spawn",
+        start_method=START_METHOD,
     )
+    multiprocessing.set_forkserver_preload(PRELOAD)  # read when the forkserver first starts
     reader = _EventReader(events, on_validation)
     reader.start()
     try:

@@ -115,6 +115,7 @@ class WorkerJob:
     grace: int | None = None
     threads: int | None = None
     mps: bool = False  # under the job script's CUDA MPS daemon (mlrc.search.backends.mps.job_setup)
+    procs: int = 1  # ranks per fold: each worker takes ``procs`` of the job's GPUs
     _procs: list[subprocess.Popen] = field(default_factory=list, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:  # pickled by submitit: no live processes
@@ -124,13 +125,20 @@ class WorkerJob:
         vars(self).update(state, _procs=[])
 
     def commands(self) -> list[list[str]]:
-        """One ``mlrc worker`` command line per worker process of the job."""
+        """One ``mlrc worker`` command per worker process of the job: ``per_gpu`` per GPU, or
+        (``procs`` K > 1) one K-rank worker per K GPUs, or on the CPU without GPUs."""
+        if self.procs > 1:
+            k = self.procs
+            groups = [[f"cuda:{i + j}" for j in range(k)] for i in range(0, self.gpus, k)]
+            return [self.command(g[0], g) for g in groups] or [self.command("cpu", ["cpu"] * k)]
         devices = [f"cuda:{i}" for i in range(self.gpus)] or ["cpu"]
         return [self.command(d) for d in devices for _ in range(self.per_gpu)]
 
-    def command(self, device: str) -> list[str]:
+    def command(self, device: str, ranks: list[str] | None = None) -> list[str]:
         cmd = [sys.executable, "-m", "mlrc.cli", "worker", self.study_file, "--quiet"]
         cmd += ["--artifacts", self.artifacts, "--device", device]
+        if ranks:  # K ranks per fold on these devices
+            cmd += ["--procs-per-trial", str(len(ranks)), "--devices", ",".join(ranks)]
         cmd += ["--heartbeat", str(self.heartbeat)]
         cmd += ["--grace", str(self.grace)] if self.grace else []
         cmd += ["--threads", str(self.threads)] if self.threads else []
@@ -212,12 +220,14 @@ def submit(
     threads: int | None = None,
     extra: dict[str, Any] | None = None,
     mps: bool = False,
+    procs: int = 1,
 ) -> list[str]:
     """Submit ``workers`` Slurm jobs (one array of ``workers`` tasks with ``array``) running
     :class:`WorkerJob`; record their ids in ``jobs.json``; return them. ``mps``: each job
     starts a CUDA MPS daemon before its workers and stops it after them
-    (:mod:`mlrc.search.backends.mps`)."""
-    # size: 18 keyword parameters, one per sbatch option; the body is 40 lines
+    (:mod:`mlrc.search.backends.mps`). ``procs`` K > 1: each worker trains a fold as K ranks,
+    on K of the job's GPUs (``gpus_per_worker`` a multiple of K) or on its CPUs."""
+    # size: 19 keyword parameters, one per sbatch option; the body is 40 lines
     import submitit
 
     from mlrc import store
@@ -227,6 +237,9 @@ def submit(
             "--mps shares the jobs' GPUs between packed workers: it needs "
             "--gpus-per-worker N (N ≥ 1)"
         )
+    if procs > 1 and (gpus_per_worker % procs or per_gpu > 1 or mps):
+        why = f"--gpus-per-worker must be 0 (CPU) or a multiple of {procs}, without --per-gpu/--mps"
+        raise SlurmError(f"--procs-per-trial {procs}: {why} (got {gpus_per_worker} GPUs)")
     _check_submittable(storage)
     minutes = parse_time(time_limit)
     store.connect(storage).dispose()  # reachable (StoreError: one line) before N jobs find out
@@ -244,6 +257,7 @@ def submit(
         grace=grace,
         threads=threads,
         mps=mps,
+        procs=procs,
     )
     executor = submitit.SlurmExecutor(folder=folder / "%j", max_num_timeout=10)
     executor.update_parameters(
@@ -258,6 +272,7 @@ def submit(
             mem=mem,
             extra=extra,
             mps=mps,
+            procs=procs,
         )
     )
     with _sbatch_stderr() as said:
@@ -286,9 +301,11 @@ def job_parameters(
     mem: str | None = None,
     extra: dict[str, Any] | None = None,
     mps: bool = False,
+    procs: int = 1,
 ) -> dict[str, Any]:
     """submitit's ``SlurmExecutor`` parameters of the study's worker jobs: one node, one task,
-    ``cpus_per_worker`` × the job's worker processes, ``gres gpu:N``; with ``mps`` the job
+    ``cpus_per_worker`` × the job's worker processes (× ``procs`` ranks each: every rank counts),
+    ``gres gpu:N``; with ``mps`` the job
     script's setup lines start a CUDA MPS daemon and its teardown lines stop it
     (:func:`mlrc.search.backends.mps.job_setup`, :func:`mlrc.search.backends.mps.job_teardown`)."""
     from mlrc.search.backends.mps import job_setup, job_teardown
@@ -298,7 +315,7 @@ def job_parameters(
         "time": minutes,
         "nodes": 1,
         "ntasks_per_node": 1,
-        "cpus_per_task": cpus_per_worker * per_gpu * max(1, gpus_per_worker),
+        "cpus_per_task": cpus_per_worker * per_gpu * max(1, gpus_per_worker, procs),
         "stderr_to_stdout": True,
         "array_parallelism": workers,
         "additional_parameters": dict(extra or {}),
