@@ -56,4 +56,7 @@ def counts(t: optuna.trial.FrozenTrial) -> bool:
     if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
         return True
     reason = t.user_attrs.get("reason")
-    return t.state == TrialState.FAIL and reason is not None and reason != "interrupted"
+    # "interrupted", or "interrupted: rank 1 of 2 ended by SIGKILL": retried, not counted
+    return (
+        t.state == TrialState.FAIL and reason is not None and not reason.startswith("interrupted")
+    )

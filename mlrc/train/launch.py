@@ -28,7 +28,9 @@ import json
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -52,6 +54,9 @@ POLL_S = 0.5  # how often the validations file is read while the ranks train (se
 # a fold's launch costs a fork, not K fresh interpreters importing torch (seconds each), and
 # nothing is forked from this process's threads.
 START_METHOD = "forkserver"
+# A rank whose collective failed because a peer went away waits this long (seconds) before
+# ending, so that the launcher, which reports the first rank it sees end, names the peer.
+PEER_GRACE_S = 2.0
 PRELOAD = ["mlrc.train.loop", "mlrc.train.launch"]
 
 
@@ -180,21 +185,48 @@ class _EventReader:
 
 
 def _rank_error(workdir: Path, e: Exception, world: int) -> BaseException:
-    """The exception a failed launch stands for: the first one a rank recorded, else
-    :class:`RankLost` naming the first rank that ended and how."""
+    """The exception a failed launch stands for: the first one a rank raised of its own (not a
+    collective failing because a peer went away), else :class:`RankLost` naming the rank that
+    ended without an error — by a signal other than the launcher's SIGTERM to the survivors
+    when there is one."""
     recorded = sorted(workdir.glob("rank*.error"), key=lambda p: p.stat().st_mtime)
-    for path in recorded:
-        try:
-            return pickle.loads(path.read_bytes())
-        except Exception:  # noqa: BLE001, S110 — unreadable: the next one, else RankLost
-            pass
+    errors = {int(p.stem.removeprefix("rank")): _load_error(p) for p in recorded}
+    own = [x for x in errors.values() if x is not None and not _peer_gone(x)]
+    if own:
+        return own[0]
     failures: dict[int, Any] = getattr(e, "failures", {}) or {}
-    if not failures:
-        return RankLost(f"a rank of {world} ended: {e}")
-    rank = min(failures)
-    f = failures[rank]
+    silent = sorted(
+        (r for r in failures if r not in errors), key=lambda r: _by_launcher(failures[r])
+    )
+    if not silent:
+        return RankLost(f"a rank of {world} ended without an error of its own (killed or lost)")
+    f = failures[silent[0]]
     how = f"by {f.signal_name()}" if f.exitcode < 0 else f"with exit code {f.exitcode}"
-    return RankLost(f"rank {rank} of {world} ended {how}")
+    return RankLost(f"rank {silent[0]} of {world} ended {how}")
+
+
+def _load_error(path: Path) -> BaseException | None:
+    try:
+        return pickle.loads(path.read_bytes())
+    except Exception:  # noqa: BLE001 — unreadable: as if the rank recorded nothing
+        return None
+
+
+def _peer_gone(e: BaseException) -> bool:
+    """Whether ``e`` is a collective failing because another rank went away (gloo's "Connection
+    reset/closed by peer", a torch.distributed error) rather than this rank's own failure."""
+    import torch.distributed as dist
+
+    text = str(e)
+    return isinstance(e, dist.DistError) or any(m in text for m in _PEER_GONE)
+
+
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "gloo/transport")
+
+
+def _by_launcher(failure: Any) -> bool:
+    """Whether a rank ended by the SIGTERM the launcher sends to the survivors (sorted last)."""
+    return failure.exitcode == -signal.SIGTERM
 
 
 def _rank_main(
@@ -223,6 +255,8 @@ def _rank_main(
         res = train_fold(spec, on_validation=_appender(events) if rank == 0 else None)
     except BaseException as e:
         _record_error(spec.workdir / f"rank{rank}.error", e)
+        if _peer_gone(e):  # let the launcher see the peer's end (its signal) before this one
+            time.sleep(PEER_GRACE_S)
         raise
     finally:
         if dist.is_initialized():

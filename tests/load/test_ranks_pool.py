@@ -1,0 +1,140 @@
+"""Two-rank studies (``--procs-per-trial 2``, gloo on the CPU) where users run them: a pool
+worker on a real PostgreSQL, the Ray backend on a real local Ray, and a rank killed mid-fold.
+
+Each fold trains as 2 processes (``mlrc.train.launch``); the tests check the rows those studies
+leave (the same tables, one row per fold, every fold's provenance naming its 2 processes) and
+that a rank killed with SIGKILL interrupts its trial with the reason while the worker goes on,
+the retry resuming from the fold's ``last.pt``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+from sqlalchemy import select
+from test_pool import (
+    FAST,
+    _engine,
+    _running_fold_with_a_checkpoint,
+    check_complete_study,
+    finish,
+    optuna_trials,
+    pool_study,
+    start_pool,
+    with_password,
+)
+
+from mlrc import store
+from mlrc.store.engine import get_study, session
+from mlrc.store.schema import FoldRun, Trial
+
+
+def fold_rows(url: str, name: str) -> list[FoldRun]:
+    with session(_engine(url)) as s:
+        sid = get_study(s, name).id
+        return list(s.execute(select(FoldRun).filter_by(study_id=sid)).scalars())
+
+
+def test_a_pool_worker_trains_every_fold_as_two_ranks(tmp_path, fresh_database, omniglot_zip):
+    url = with_password(fresh_database)
+    study = pool_study(tmp_path, omniglot_zip, "ranks-a", trials=2)
+    finish(start_pool(1, study, url, tmp_path, "--procs-per-trial", "2"))
+    check_complete_study(url, "ranks-a", 2)  # exactly the budget, one row per (params, fold)
+    rows = fold_rows(url, "ranks-a")
+    assert len(rows) == 8 and all(r.provenance["processes"] == 2 for r in rows)
+
+
+def rank_pids(worker_pid: int) -> list[int]:
+    """The rank processes under ``worker_pid``: the children of its forkserver."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+
+    def descendants(pid: int) -> list[int]:
+        kids = [c for c, p in parents.items() if p == pid]
+        return kids + [d for k in kids for d in descendants(k)]
+
+    def cmdline(pid: int) -> str:
+        try:
+            return (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return ""
+
+    servers = [p for p in descendants(worker_pid) if "forkserver" in cmdline(p)]
+    return sorted(c for s in servers for c, p in parents.items() if p == s)
+
+
+def test_a_killed_rank_interrupts_its_trial_and_the_worker_goes_on(
+    tmp_path, fresh_database, omniglot_zip
+):
+    url = fresh_database
+    study = pool_study(tmp_path, omniglot_zip, "ranks-b", trials=2)
+    (worker,) = start_pool(1, study, url, tmp_path, "--procs-per-trial", "2")
+    deadline = time.monotonic() + 300
+    fold, ranks = None, []
+    while time.monotonic() < deadline and not (fold and len(ranks) == 2):
+        fold = _running_fold_with_a_checkpoint(url, "ranks-b")
+        ranks = rank_pids(worker.proc.pid) if fold else []
+        time.sleep(0.1)
+    assert fold is not None and len(ranks) == 2, f"no 2-rank fold reached epoch 1: {ranks}"
+    os.kill(ranks[1], signal.SIGKILL)
+    finish([worker])
+    out = worker.output()
+    assert f"trial {fold.trial_number} interrupted" in out and "SIGKILL" in out, out[-3000:]
+    check_complete_study(url, "ranks-b", 2)
+    ts = {t.number: t for t in optuna_trials(url, "ranks-b")}
+    killed = ts[fold.trial_number]
+    assert killed.state == TrialState.FAIL and "SIGKILL" in killed.user_attrs["reason"]
+    retries = [t for t in ts.values() if t.user_attrs.get("retry_of") == killed.number]
+    assert [t.state for t in retries] == [TrialState.COMPLETE]
+    with session(_engine(url)) as s:
+        row = s.execute(select(Trial).filter_by(number=killed.number)).scalar_one()
+    assert row.state == "interrupted" and row.reason.startswith("interrupted: rank ")
+    assert "of 2 ended by SIGKILL" in row.reason
+    # the killed fold resumed from its last.pt: its epochs before the kill were not retrained
+    (resumed,) = [r for r in fold_rows(url, "ranks-b") if r.id == fold.id]
+    assert resumed.status == "complete" and resumed.provenance["processes"] == 2
+
+
+def test_ray_trials_train_their_folds_as_two_ranks(tmp_path, omniglot_zip):
+    import yaml
+
+    url = f"sqlite:///{tmp_path / 'ray.db'}"
+    doc = {
+        "name": "ranks-ray",
+        "dataset": {"name": "omniglot", "root": str(omniglot_zip)},
+        "preset": "cpu",
+        "loss": {"name": "contrastive"},
+        "search": {"trials": 1, "sampler": "gp", "seed": 5},
+        "overrides": {**FAST, "max_epochs": 1},
+    }
+    study = tmp_path / "ranks-ray.yaml"
+    study.write_text(yaml.safe_dump(doc))
+    r = subprocess.run(
+        [sys.executable, "-m", "mlrc.cli", "study", "run", str(study), "--backend", "ray"]
+        + ["--procs-per-trial", "2", "--cpus-per-trial", "2", "--storage", url, "--quiet"]
+        + ["--artifacts", str(tmp_path / "art")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ts = optuna.load_study(study_name="ranks-ray", storage=url).get_trials(deepcopy=False)
+    assert [t.state for t in ts] == [TrialState.COMPLETE]
+    assert ts[0].user_attrs["worker"].startswith("ray:")
+    engine = store.connect(url)
+    with session(engine) as s:
+        rows = s.execute(select(FoldRun)).scalars().all()
+    assert len(rows) == 4 and all(r.provenance["processes"] == 2 for r in rows)
