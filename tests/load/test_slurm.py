@@ -21,7 +21,7 @@ from sqlalchemy import select
 from test_pool import _engine, check_complete_study, optuna_trials, with_password
 
 from mlrc.store.engine import session
-from mlrc.store.schema import Trial
+from mlrc.store.schema import FoldRun, Trial
 
 SMALL = {  # cpu preset on 24-px glyphs: a trial is some 10 s on 2 cores, long enough to scancel
     "iterations_per_epoch": 10,
@@ -173,6 +173,47 @@ def test_three_jobs_one_cancelled_one_requeued(cluster, tmp_path, fresh_database
     assert shown.returncode == 0, shown.stderr
     assert f"{TRIALS} complete of {TRIALS}" in shown.stdout, shown.stdout
     assert "CANCELLED" in shown.stdout, shown.stdout
+
+
+def test_a_job_runs_one_two_rank_worker(cluster, tmp_path, fresh_database):
+    """``--procs-per-trial 2`` on a CPU job: one worker whose folds train as 2 gloo ranks, the
+    job's CPUs counting both."""
+    from mlrc.search.backends import slurm
+
+    url = with_password(fresh_database)
+    study = write_study(tmp_path, "slurm-k2", trials=1)
+    art = tmp_path / "shared-artifacts"
+    env = {**cluster.env(), "MLRC_STORAGE": url, "OMP_NUM_THREADS": "1"}
+    out = mlrc(
+        *("slurm", "submit", str(study), "--workers", "1", "--partition", cluster.partition),
+        *("--time", "00:10:00", "--artifacts", str(art), "--procs-per-trial", "2"),
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    (job,) = [j["id"] for j in json.loads((art / "slurm/slurm-k2/jobs.json").read_text())["jobs"]]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and job_states(cluster, [job])[job] not in ENDED:
+        time.sleep(1)
+    log = "\n".join(p.read_text() for p in art.glob("slurm/slurm-k2/*/*.out"))
+    assert job_states(cluster, [job])[job] == "COMPLETED", f"{log}\n{cluster.logs()}"
+    assert "--procs-per-trial 2" in " ".join(
+        slurm.WorkerJob("s", "u", "a", "f", procs=2).commands()[0]
+    )
+    check_complete_study(url, "slurm-k2", 1)
+    with session(_engine(url)) as s:
+        rows = s.execute(select(FoldRun)).scalars().all()
+    assert len(rows) == 4 and all(r.provenance["processes"] == 2 for r in rows)
+
+
+def test_procs_per_trial_and_gpus_that_do_not_split_are_refused(tmp_path):
+    study = write_study(tmp_path, "slurm-d", trials=1)
+    out = mlrc(
+        *("slurm", "submit", str(study), "--workers", "1", "--time", "1:00:00"),
+        *("--storage", "postgresql+psycopg://u@localhost/db", "--artifacts", str(tmp_path / "a")),
+        *("--procs-per-trial", "2", "--gpus-per-worker", "3"),
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "multiple of 2" in out.stderr, out.stderr
 
 
 def test_sqlite_is_refused_in_one_line(tmp_path):
