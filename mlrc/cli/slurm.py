@@ -35,11 +35,15 @@ SharedArtifactsOpt = Annotated[
 
 
 def _study_name(study_file: Path) -> str:
+    return _study(study_file).study.name
+
+
+def _study(study_file: Path):
+    """The study file, resolved (a problem: one line, exit 2)."""
     from mlrc.config import load_study
 
     with user_errors():
-        resolved = load_study(study_file)
-    return resolved.study.name
+        return load_study(study_file)
 
 
 @slurm_app.command("submit")
@@ -80,14 +84,15 @@ def slurm_submit(
         ),
     ] = False,
     procs_per_trial: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--procs-per-trial",
             min=1,
             help="each worker trains a fold as K ranks on K of the job's GPUs (--gpus-per-worker "
-            "a multiple of K; one K-rank worker per job when equal) or on its CPUs",
+            "a multiple of K; one K-rank worker per job when equal) or on its CPUs (default: "
+            "the preset's processes_per_trial)",
         ),
-    ] = 1,
+    ] = None,
 ) -> None:
     """Submit N Slurm jobs, each running `mlrc worker` (K per GPU with --per-gpu K) on the
     study's PostgreSQL URL. A cancelled or preempted job's trial is retried by the others; a job
@@ -100,7 +105,8 @@ def slurm_submit(
         fail("--storage (or MLRC_STORAGE) is required: the PostgreSQL URL the jobs share")
     if heartbeat < 1 or (grace is not None and grace <= heartbeat):
         fail("--heartbeat must be ≥ 1 s and --grace longer than --heartbeat")
-    name = _study_name(study_file)
+    resolved = _study(study_file)
+    name = resolved.study.name
     with user_errors():  # an unreachable store: one line
         try:
             ids = submit(
@@ -120,7 +126,7 @@ def slurm_submit(
                 grace=grace,
                 threads=threads,
                 mps=mps,
-                procs=procs_per_trial,
+                procs=procs_per_trial or resolved.preset.processes_per_trial,
             )
         except SlurmError as e:
             fail(str(e))

@@ -56,9 +56,12 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 class CampaignDataset(DatasetRef):
-    """A study's ``dataset`` plus an optional ``label`` (column title and name part)."""
+    """A study's ``dataset`` plus an optional ``label`` (column title and name part) and the
+    dataset's own preset ``overrides`` (its keys replace the campaign's: a batch the dataset's
+    folds allow)."""
 
     label: str | None = None
+    overrides: dict[str, Any] = {}
 
 
 class CampaignLoss(LossRef):
@@ -210,7 +213,7 @@ def _cell_study(
     return StudyConfig.model_validate(
         {
             "name": name,
-            "dataset": ds.model_dump(by_alias=True, exclude={"label"}),
+            "dataset": ds.model_dump(by_alias=True, exclude={"label", "overrides"}),
             "preset": cfg.preset,
             "loss": loss.model_dump(by_alias=True, exclude={"label", "enqueue", "miner"}),
             "miner": miner.model_dump(by_alias=True) if miner else None,
@@ -224,7 +227,7 @@ def _cell_study(
             "test": cfg.test.model_dump(by_alias=True),
             "tracking": cfg.tracking.model_dump() if cfg.tracking is not None else None,
             "artifacts": cfg.artifacts.model_dump(),
-            "overrides": cfg.overrides,
+            "overrides": {**cfg.overrides, **ds.overrides},
         }
     )
 

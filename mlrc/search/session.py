@@ -138,7 +138,7 @@ def open_study(
                 new_name = archive_study(engine, resolved.study.name, Path(artifacts))
                 log.warning("the stored study %r was archived as %r", resolved.study.name, new_name)
         ctx = build_session(
-            resolved, url, artifacts, device, progress, engine, budgets_used, threads
+            resolved, url, artifacts, device, progress, engine, budgets_used, threads, len(ranks)
         )
         ctx.devices = ranks
         for warning in data.check_dataset(ctx.dataset, ctx.split.trainval_classes):
@@ -158,10 +158,12 @@ def build_session(
     engine: Engine | None = None,
     budgets_used: Iterable[str] = BUDGETS,
     threads: int | None = None,
+    procs: int = 1,
 ) -> StudySession:
     """Register (or check) the study and load its dataset and split, without any lock (for a
     process that works for a study someone else holds: a Ray trial or fold task). The session
-    works to the study's settings as stored (:func:`register_study`)."""
+    works to the study's settings as stored (:func:`register_study`). ``procs`` K > 1: every
+    fold's batches must split into K ranks (checked on the split, before registering)."""
     engine = engine or store.connect(url)
     ds = data.build(
         resolved.study.dataset.name,
@@ -169,6 +171,8 @@ def build_session(
         **resolved.study.dataset.params,
     )
     split = split_of(resolved, ds)  # before registering: a bad split file stores nothing
+    counts = [len(f.train_classes) for f in split.folds]  # a fold's smaller batches must split
+    check_ranks(resolved, procs, "processes per trial", counts)
     folder = study_folder(Path(artifacts), resolved.study.name)
     study_id, settings = _register(engine, resolved, budgets_used, threads, folder)
     resolved = with_settings(resolved, settings)

@@ -28,7 +28,7 @@ def test_the_committed_study_files_are_the_generated_ones():
     generated = _generator().study_files()
     committed = {str(p.relative_to(MODERN)): p.read_text() for p in MODERN.rglob("*.yaml")}
     assert committed == generated
-    assert len(generated) == 30  # 10 losses × cub200, cars196, sop
+    assert len(generated) == 60  # 10 losses × cub200, cars196, sop; again at 4 GPUs (4gpu/)
 
 
 @pytest.mark.parametrize(
@@ -40,3 +40,8 @@ def test_every_modern_study_resolves_with_the_modern_preset(path):
     assert r.preset.optimizer.name == "adamw" and r.preset.embedding_size == 384
     assert (r.trials, r.reproductions, r.preset.folds) == (50, 10, 4)  # the reality check's
     assert r.keep == "best"
+    four = path.parent.parent.name == "4gpu"
+    assert r.preset.processes_per_trial == (4 if four else 1)
+    if four:  # the global batch: whole classes on each of the 4 ranks
+        m = r.preset.batch.images_per_class["pair"]
+        assert r.preset.batch.size % (4 * m) == 0 and m == r.preset.batch.images_per_class["class"]
