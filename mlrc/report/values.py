@@ -382,6 +382,17 @@ def fold_threads(counts: list[int]) -> str:
     return ", ".join(map(str, counts)) if len(counts) > 1 else ""
 
 
+def _with_batch(text: str, config: dict | None, provenances: list[dict | None]) -> str:
+    """``text`` (what computed the folds) naming the study's global batch when a fold of it was
+    trained as several processes (each of which saw only its share)."""
+    if not text or not any(
+        isinstance(p, dict) and (p.get("processes") or 1) > 1 for p in provenances
+    ):
+        return text
+    size = ((config or {}).get("preset") or {}).get("batch", {}).get("size")
+    return f"{text}; global batch {size}" if size else text
+
+
 def _untrained(epochs: tuple[int, int] | None) -> bool:
     """Every complete test fold (at least one) kept epoch 0: the untrained model."""
     return epochs is not None and epochs[0] > 0 and epochs[1] == epochs[0]
@@ -408,7 +419,11 @@ def _study_meta(
             "nonfinite_trials": nonfinite[st.id],
             "budget_history": budget_history(history.get(st.id, [])),
             "fold_threads": fold_threads(threads.get(st.id, [])),
-            "fold_compute": compute[st.id].text() if st.id in compute else "",
+            "fold_compute": _with_batch(
+                compute[st.id].text() if st.id in compute else "",
+                st.config,
+                (provenance or {}).get(st.id, []),
+            ),
             "mixed_compute": ", ".join(compute[st.id].mixed) if st.id in compute else "",
             "test_set_selection": g.traditional,
             "archived": reads.archived_of(st.name) is not None,

@@ -33,7 +33,7 @@ def tf32_text(p: dict[str, Any]) -> str | None:
 def describe(p: dict[str, Any]) -> str:
     """One provenance in a few words: ``NVIDIA H100 80GB HBM3 (CUDA 13.0, cuDNN 9.10.2, driver
     570.86, torch 2.14.1, TF32 off, deterministic off)``; on a CPU ``Intel Xeon … (CPU, torch
-    2.14.1, deterministic off)``."""
+    2.14.1, deterministic off)``; a fold trained as K > 1 ranks ``4 processes on NVIDIA …``."""
     name = p.get("device_name") or p.get("device") or "unknown device"
     on_cuda = str(p.get("device", "")).startswith("cuda")
     parts = [] if on_cuda else ["CPU"]
@@ -47,7 +47,8 @@ def describe(p: dict[str, Any]) -> str:
         parts.append(tf32)
     if p.get("deterministic") is not None:
         parts.append(f"deterministic {'on' if p['deterministic'] else 'off'}")
-    return f"{name} ({', '.join(parts)})"
+    ranks = p.get("processes") or 1  # a fold trained as K ranks of torch.distributed
+    return f"{f'{ranks} processes on ' if ranks > 1 else ''}{name} ({', '.join(parts)})"
 
 
 @dataclass
