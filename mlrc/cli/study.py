@@ -168,7 +168,7 @@ def study_run(
     devices: DevicesOpt = None,
 ) -> None:
     """Run (or resume) the Bayesian search: trials × 4 folds, objective = mean val MAP@R."""
-    # size: a typer command: 20 options, one per line; the body is 37 lines
+    # size: a typer command: 20 options, one per line; the body is 42 lines
     from mlrc.search.backends import backend_named
     from mlrc.train.numerics import bind_device
 
@@ -184,6 +184,11 @@ def study_run(
         chosen = backend_named(backend)
     if scheduler not in ("none", "asha", "median"):
         fail(f"unknown scheduler {scheduler!r} (none, asha or median)")
+    if chosen.name == "ray" and procs_per_trial:
+        from mlrc.search.backends.ray import ranks_refusal
+
+        if why := ranks_refusal(procs_per_trial, gpus_per_trial, fold_parallel):
+            fail(why)
     if chosen.uses_this_process(options):
         check_device(device)
     check_artifacts(artifacts)

@@ -270,19 +270,22 @@ def _ranks_per_trial(ctx: StudySession, gpus_per_trial: float, fold_parallel: bo
     """K, the ranks of each fold (``--procs-per-trial``): started inside the trial's Ray task,
     so on one node, one rank per GPU the trial reserves. One line when Ray cannot place them."""
     k = max(1, len(ctx.devices))
-    if k == 1:
-        return 1
-    if fold_parallel:
-        raise StudyError(
-            f"--procs-per-trial {k}: a fold's ranks need the trial's resources; "
-            "drop --fold-parallel"
-        )
-    if gpus_per_trial and gpus_per_trial != k:
-        raise StudyError(
-            f"--procs-per-trial {k} needs --gpus-per-trial {k} on Ray (one GPU per "
-            f"rank), got {gpus_per_trial:g}"
-        )
+    why = ranks_refusal(k, gpus_per_trial, fold_parallel)
+    if why is not None:
+        raise StudyError(why)
     return k
+
+
+def ranks_refusal(k: int, gpus_per_trial: float, fold_parallel: bool) -> str | None:
+    """Why Ray cannot place a trial whose folds train as ``k`` ranks with these options."""
+    if k > 1 and fold_parallel:
+        return f"--procs-per-trial {k}: a fold's ranks need the trial's resources; drop --fold-parallel"
+    if k > 1 and gpus_per_trial and gpus_per_trial != k:
+        return (
+            f"--procs-per-trial {k} needs --gpus-per-trial {k} on Ray (one GPU per rank), "
+            f"got {gpus_per_trial:g}"
+        )
+    return None
 
 
 def _interrupted(
