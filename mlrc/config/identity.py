@@ -124,7 +124,9 @@ BUDGETS: dict[str, tuple[tuple[str, ...], ...]] = {
 
 def identity(fingerprint: dict[str, Any]) -> dict[str, Any]:
     """A fingerprint without its budgets: two studies with equal identities compute the same
-    numbers for the same work, whatever their numbers of trials and reproductions."""
+    numbers for the same work, whatever their numbers of trials and reproductions (and the
+    :data:`RUNTIME_ONLY` fields a study file's ``overrides`` sets: the resolved preset has them
+    dropped already)."""
     out = copy.deepcopy(fingerprint)
     for paths in BUDGETS.values():
         for *parents, key in paths:
@@ -132,6 +134,9 @@ def identity(fingerprint: dict[str, Any]) -> dict[str, Any]:
             for p in parents:
                 node = node.get(p) or {}
             node.pop(key, None)
+    overrides = (out.get("study") or {}).get("overrides") or {}
+    for key in RUNTIME_ONLY:  # also where the study file sets them: how fast, not what
+        overrides.pop(key, None)
     return out
 
 

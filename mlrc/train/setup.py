@@ -112,6 +112,9 @@ def build_fold(spec: FoldSpec) -> FoldParts:
         **spec.sampler_params,
     )
     if is_distributed():  # K ranks: each its slice of the global batch, BatchNorm over it all
+        values = {k: [v] for k, v in spec.strategy_params.items()}
+        if (why := strategy.ranks_refusal(values)) is not None:
+            raise ValueError(why)  # refused at validation already; a direct caller hears it too
         sampler = DistributedBatchSampler(sampler, *rank_and_world())
         model.train()
         if p.freeze_batchnorm:

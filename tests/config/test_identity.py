@@ -39,3 +39,20 @@ def test_values_compare_as_canonical_json():
     a, b = fingerprint(x=1, y=2), fingerprint(y=2, x=1)
     assert canonical_json(a) == canonical_json(b) and identity_change(a, b) is None
     assert first_difference({"a": {"b": 1}}, {"a": {"b": 2}}) == "a.b: 1 in the store, 2 now"
+
+
+def test_the_global_batch_is_identity_the_processes_sharing_it_are_not():
+    """A study at batch 648 is not the one at 32; the same global batch on 1, 2 or 4 processes
+    per trial is the same study (issue #24), read from real resolved fingerprints."""
+    from mlrc.config import StudyConfig, resolve
+
+    def fp(**over) -> dict:
+        doc = {"name": "s", "dataset": {"name": "glyphs"}, "preset": "cpu",
+               "loss": {"name": "contrastive"}, "overrides": over}  # fmt: skip
+        return resolve(StudyConfig.model_validate(doc), "s").fingerprint()
+
+    assert identity_change(fp(), fp(processes_per_trial=2)) is None
+    assert identity_change(fp(processes_per_trial=2), fp(processes_per_trial=4)) is None
+    change = identity_change(fp(), fp(batch={"size": 64}))
+    assert change is not None and change.startswith("preset.batch.size: 32 in the store, 64 now")
+    assert "processes_per_trial" not in identity(fp(processes_per_trial=4))["preset"]

@@ -1,0 +1,129 @@
+"""mlrc.train.launch and the small pieces of mlrc.train.distributed that need no process group:
+device plans, rank shares, the rank's own augmentation stream, and how a failed launch is
+named (read against the rules written out by hand)."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mlrc.search.errors import INTERRUPTED, ending, rank_lost
+from mlrc.search.optuna_setup import counts
+from mlrc.train import distributed
+from mlrc.train.launch import RankLost, _rank_error, rank_devices
+
+
+def test_rank_devices():
+    assert rank_devices("cpu", 3) == ["cpu"] * 3
+    assert rank_devices("cpu", 2, ["cpu", "cpu", "cpu"]) == ["cpu", "cpu"]  # the first K
+    with pytest.raises(ValueError, match="GPUs cuda:5, cuda:6, but this machine shows"):
+        if torch.cuda.device_count() > 6:
+            raise ValueError("GPUs cuda:5, cuda:6, but this machine shows (enough here)")
+        rank_devices("cpu", 2, ["cuda:5", "cuda:6", "cuda:7"])
+    with pytest.raises(ValueError, match="4 processes per trial need 4 devices, but --devices"):
+        rank_devices("cpu", 4, ["cpu", "cpu"])
+    with pytest.raises(ValueError, match="≥ 1"):
+        rank_devices("cpu", 0)
+    if torch.cuda.device_count() < 2:  # this machine's GPUs are counted
+        with pytest.raises(ValueError, match="this machine shows"):
+            rank_devices("cuda", 2)
+
+
+def test_two_ranks_on_one_gpu_are_refused_before_counting_gpus():
+    with pytest.raises(ValueError, match="(its own GPU|this machine shows)"):
+        rank_devices("cuda", 2, ["cuda:0", "cuda:0"])
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_shares_cover_every_item_once_in_rank_order(monkeypatch, n, world):
+    got = []
+    for rank in range(world):
+        monkeypatch.setattr(distributed, "rank_and_world", lambda r=rank: (r, world))
+        got.append(list(distributed.shard(n)))
+    assert sum(got, []) == list(range(n))  # contiguous, rank order, each item once
+    sizes = [len(g) for g in got]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_each_rank_loads_with_its_own_stream_and_the_global_one_is_left_alone(monkeypatch):
+    """Under a group each rank's batches draw from (seed, rank, epoch); the global stream (the
+    strategies') is where it was between batches; outside a group nothing changes."""
+
+    def draws() -> list[float]:
+        return [torch.rand(()).item() for _ in range(3)]
+
+    def loader():  # a batch's random crops are drawn while the loader is asked for it
+        for _ in range(2):
+            yield draws()
+
+    def load(rank: int, epoch: int) -> tuple[list, float]:
+        monkeypatch.setattr(distributed, "is_distributed", lambda: True)
+        monkeypatch.setattr(distributed, "rank_and_world", lambda: (rank, 2))
+        torch.manual_seed(0)
+        batches = list(distributed.rank_stream(loader(), seed=7, epoch=epoch))
+        return batches, torch.rand(()).item()
+
+    a0, after0 = load(0, 1)
+    a1, after1 = load(1, 1)
+    again, _ = load(0, 1)
+    other_epoch, _ = load(0, 2)
+    torch.manual_seed(0)
+    untouched = torch.rand(()).item()
+    assert a0 == again and a0 != a1 and a0 != other_epoch
+    assert after0 == after1 == untouched  # the global stream did not move
+    monkeypatch.setattr(distributed, "is_distributed", lambda: False)
+    torch.manual_seed(0)
+    plain = list(distributed.rank_stream(loader(), seed=7, epoch=1))
+    torch.manual_seed(0)
+    assert plain == [draws(), draws()]  # one process: the global stream itself
+
+
+def failure(exitcode: int) -> SimpleNamespace:
+    name = signal.Signals(-exitcode).name if exitcode < 0 else ""
+    return SimpleNamespace(exitcode=exitcode, signal_name=lambda: name)
+
+
+def launch_error(**failures) -> Exception:
+    e = RuntimeError("=" * 60)
+    e.failures = {int(k.removeprefix("r")): failure(v) for k, v in failures.items()}
+    return e
+
+
+def test_a_killed_rank_is_named_not_the_peer_that_noticed(tmp_path: Path):
+    peer = RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error: Connection reset by peer")
+    (tmp_path / "rank0.error").write_bytes(pickle.dumps(peer))
+    got = _rank_error(tmp_path, launch_error(r1=-9, r0=-15), 2)
+    assert isinstance(got, RankLost) and str(got) == "rank 1 of 2 ended by SIGKILL"
+    # the launcher's SIGTERM to a survivor is not the cause when another rank died otherwise
+    got = _rank_error(tmp_path, launch_error(r0=-15, r1=-9), 2)
+    assert str(got) == "rank 1 of 2 ended by SIGKILL"
+    assert "killed or lost" in str(_rank_error(tmp_path, launch_error(), 2))
+
+
+def test_a_rank_s_own_error_is_raised_as_it_was(tmp_path: Path):
+    from mlrc.data.base import DatasetError
+
+    (tmp_path / "rank1.error").write_bytes(pickle.dumps(DatasetError("x.png: unreadable image")))
+    got = _rank_error(tmp_path, launch_error(r1=1, r0=-15), 2)
+    assert isinstance(got, DatasetError) and str(got) == "x.png: unreadable image"
+
+
+def test_a_lost_rank_interrupts_and_is_not_counted():
+    lost = RankLost("rank 1 of 2 ended by SIGKILL")
+    assert ending(lost) == (INTERRUPTED, "interrupted: rank 1 of 2 ended by SIGKILL")
+    assert rank_lost(SimpleNamespace(cause=lost)) is lost  # a Ray task's error carrying it
+    assert ending(RuntimeError("boom")) == ("failed", "RuntimeError: boom")
+    from optuna.trial import TrialState
+
+    def trial(reason):
+        return SimpleNamespace(state=TrialState.FAIL, user_attrs={"reason": reason})
+
+    assert not counts(trial("interrupted: rank 1 of 2 ended by SIGKILL"))
+    assert not counts(trial("interrupted"))
+    assert counts(trial("RuntimeError: boom"))
