@@ -11,15 +11,15 @@ whole global batch.
    where the reference embeds 32, so they differ in the last bits); the two ranks hold
    bit-identical states. Negative controls show the comparison can fail: the loss of a rank's
    half batch without the gather, BatchNorm over each half batch without the sync, and another
-   seed are all far outside the tolerance. Metrix's input and feature mixup are strict xfails
-   (an mlrc bug: :data:`METRIX_BUG`).
+   seed are all far outside the tolerance. Metrix's input and feature mixup are refused in one
+   line by the ranks (and at validation: tests/bad_inputs/test_ranks_inputs.py).
 2. A whole fold through ``train_fold_ranks`` (elastic_launch, 2 ranks) vs ``train_fold`` here:
    the same history, best epoch, checkpoints, live validations in order, ``processes: 2``.
 3. Faults: a rank killed by SIGKILL ends the fold within seconds and leaves no rank alive, and
    the fold then resumes from ``last.pt`` without retraining its epochs, to the very numbers of
-   an uninterrupted 2-rank fold; that the error is ``RankLost`` is a strict xfail (an mlrc bug:
-   the surviving rank's collective error is raised instead). A rank that raises has its very
-   exception re-raised in the launching process.
+   an uninterrupted 2-rank fold; the error is ``RankLost`` naming the killed rank and its
+   signal (not the survivor's collective error). A rank that raises has its very exception
+   re-raised in the launching process.
 
 Exactness: the training images are read through the deterministic evaluation transform (no
 draw from torch's global RNG, which the strategies draw from and which must be in the same state
@@ -106,30 +106,16 @@ CASES: dict[str, dict[str, Any]] = {
         "sampler": "greedy_coreset",
         "sampler_params": {"big_batch": 128},
     },
-    # Metrix's input and feature mixup run the model on mixed images/maps of the pairs it picks
-    # in the (gathered) global batch: under K ranks they index the rank's own images with global
-    # positions (an IndexError today, see METRIX_BUG)
-    "metrix_input": {
-        "loss": "multi_similarity",
-        "strategy": "metrix",
-        "strategy_params": {"mixup": "input"},
-    },
-    "metrix_feature": {
-        "loss": "multi_similarity",
-        "strategy": "metrix",
-        "strategy_params": {"mixup": "feature"},
-    },
 }
-METRIX_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="mlrc bug: metrix input/feature mixup under K ranks indexes the rank's local images "
-    "(or trunk maps) with the global batch's pair indices (IndexError: index 16 is out of "
-    "bounds for dimension 0 with size 16)",
-)
-STEP_CASES = [
-    pytest.param(name, marks=METRIX_BUG) if name.startswith("metrix_") else name for name in CASES
-]
+STEP_CASES = list(CASES)
+# Metrix's input and feature mixup run the model on mixed images (or trunk maps) of pairs drawn
+# from the global batch, which no rank holds whole: refused (test_metrix_image_mixup_is_refused)
+REFUSED = {
+    "metrix_input": {"loss": "multi_similarity", "strategy": "metrix",
+                     "strategy_params": {"mixup": "input"}},
+    "metrix_feature": {"loss": "multi_similarity", "strategy": "metrix",
+                       "strategy_params": {"mixup": "feature"}},
+}  # fmt: skip
 
 
 @functools.cache
@@ -417,8 +403,8 @@ LONG = {"iterations_per_epoch": 30, "max_epochs": 100}
 
 
 def rank_pids() -> list[int]:
-    """This process's children that are ranks (spawned workers; not the resource tracker),
-    in the order they started (rank order)."""
+    """The rank processes of this process's launch (children of its forkserver), in the order
+    they started (rank order)."""
     kids = [
         int(pid)
         for task in Path(f"/proc/{os.getpid()}/task").iterdir()
@@ -434,7 +420,16 @@ def rank_pids() -> list[int]:
     def started(pid: int) -> int:  # clock ticks since boot, field 22 of /proc/<pid>/stat
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
 
-    ranks = [pid for pid in kids if "spawn_main" in cmdline(pid)]
+    def children(pid: int) -> list[int]:
+        return [
+            int(c)
+            for task in Path(f"/proc/{pid}/task").iterdir()
+            for c in (task / "children").read_text().split()
+        ]
+
+    # the ranks are forked by the launcher's forkserver, a child of this process
+    servers = [pid for pid in kids if "forkserver" in cmdline(pid)]
+    ranks = [c for srv in servers for c in children(srv)]
     return sorted(ranks, key=lambda pid: (started(pid), pid))
 
 
@@ -493,13 +488,6 @@ def test_a_killed_rank_ends_the_fold_with_no_rank_left(killed_fold: dict[str, An
     assert not any(alive(pid) for pid in killed_fold["ranks"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="mlrc bug: the surviving rank's collective fails at once (gloo: connection "
-    "closed/reset by peer) and records that RuntimeError in rank0.error before the agent stops "
-    "it; launch._rank_error prefers any recorded error over the lost rank",
-)
 def test_a_killed_rank_is_rank_lost(killed_fold: dict[str, Any]) -> None:
     """The launch module's promise: a rank killed from outside is ``RankLost`` naming it."""
     error = killed_fold["error"]
@@ -573,3 +561,12 @@ def test_a_rank_error_is_raised_as_it_was(where: str, tmp_path: Path) -> None:
     else:
         assert str(info.value).endswith(": unreadable on rank 1 (test)")
     assert not [pid for pid in rank_pids() if alive(pid)]
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_metrix_image_mixup_is_refused(name: str, tmp_path: Path) -> None:
+    """Run anyway (train_fold_ranks without the study's validation), every rank refuses it at
+    build time and the launch raises that one-line ValueError, not an IndexError."""
+    spec = make_spec(tmp_path, preset={"iterations_per_epoch": 2, "max_epochs": 1}, **REFUSED[name])
+    with pytest.raises(ValueError, match=r"^metrix mixup '(input|feature)' mixes the images"):
+        train_fold_ranks(spec, ["cpu", "cpu"], 1)
