@@ -12,7 +12,8 @@
 #    /tmp/mlrc-gpu-site) put first on PYTHONPATH, and mlrc itself from this checkout (--no-deps:
 #    the machine's own torch is used; nothing of the machine's environment changes);
 # 2. python bench/gpu_fold.py [--quick]: the tables, bench/results/gpu_fold.csv;
-# 3. pytest tests/train/test_gpu.py (sync debug mode, CUDA determinism, device binding);
+# 3. pytest tests/train/test_gpu.py (sync debug mode, CUDA determinism, device binding), and
+#    python bench/ranks.py --quick: one fold as 1, 2, 4 processes (with ≥ 2 GPUs; ≤ 5 minutes);
 # 4. the measurements once more, compactly, at the end of the output.
 # Exit status: non-zero when the install, the benchmark or a test failed.
 set -uo pipefail
@@ -83,6 +84,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 status=0
 timeout "$fold_limit" "$py" bench/gpu_fold.py "${fold_args[@]}" || { echo "gpu_check: gpu_fold.py failed ($?)"; status=1; }
 timeout 150 "$py" -m pytest -q -p no:cacheprovider -rs tests/train/test_gpu.py || status=1
+# one fold as K = 1, 2, 4 processes (NCCL, one GPU each): only where there are 2 GPUs or more
+timeout 300 "$py" bench/ranks.py --device cuda --quick || { echo "gpu_check: ranks.py failed"; status=1; }
 
 # 4. the figures again, at the end of the output
 "$py" - <<'EOF'

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 BENCH = Path(__file__).resolve().parent
+THREADS = torch.get_num_threads()  # this process's torch threads, before any K ran
 
 
 def machine(device: str) -> str:
@@ -71,7 +72,7 @@ def run(ds: Any, preset: Any, k: int, device: str, tmp: Path) -> dict[str, Any]:
         ds, ds.name, classes[:-4], classes[-4:], "contrastive", {}, None, preset, 0,
         tmp / f"k{k}", progress=False,
     )  # fmt: skip
-    threads = max(1, torch.get_num_threads())
+    threads = max(1, THREADS // k)  # the host's cores shared between the ranks, as run_fold does
     start = time.monotonic()
     res = train_fold_ranks(spec, rank_devices(device, k), threads)
     wall = time.monotonic() - start
