@@ -9,7 +9,7 @@ from mlrc.errors import interrupt_behind
 from mlrc.protocol import SplitError
 from mlrc.registry import RegistryError
 from mlrc.store import StoreError, is_database_error
-from mlrc.train.launch import RankLost
+from mlrc.train.ranks import RankLost
 
 __all__ = [
     "INTERRUPTED",

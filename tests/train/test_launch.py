@@ -15,7 +15,8 @@ import torch
 from mlrc.search.errors import INTERRUPTED, ending, rank_lost
 from mlrc.search.optuna_setup import counts
 from mlrc.train import distributed
-from mlrc.train.launch import RankLost, _rank_error, rank_devices
+from mlrc.train.launch import rank_devices
+from mlrc.train.ranks import RankLost, ranks_error
 
 
 def test_rank_devices():
@@ -89,28 +90,27 @@ def failure(exitcode: int) -> SimpleNamespace:
     return SimpleNamespace(exitcode=exitcode, signal_name=lambda: name)
 
 
-def launch_error(**failures) -> Exception:
-    e = RuntimeError("=" * 60)
-    e.failures = {int(k.removeprefix("r")): failure(v) for k, v in failures.items()}
-    return e
+def launch_error(**failures) -> dict:
+    """What the launcher says failed: rank → its exit code (negative: the signal)."""
+    return {int(k.removeprefix("r")): failure(v) for k, v in failures.items()}
 
 
 def test_a_killed_rank_is_named_not_the_peer_that_noticed(tmp_path: Path):
     peer = RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error: Connection reset by peer")
     (tmp_path / "rank0.error").write_bytes(pickle.dumps(peer))
-    got = _rank_error(tmp_path, launch_error(r1=-9, r0=-15), 2)
+    got = ranks_error(tmp_path, launch_error(r1=-9, r0=-15), 2)
     assert isinstance(got, RankLost) and str(got) == "rank 1 of 2 ended by SIGKILL"
     # the launcher's SIGTERM to a survivor is not the cause when another rank died otherwise
-    got = _rank_error(tmp_path, launch_error(r0=-15, r1=-9), 2)
+    got = ranks_error(tmp_path, launch_error(r0=-15, r1=-9), 2)
     assert str(got) == "rank 1 of 2 ended by SIGKILL"
-    assert "killed or lost" in str(_rank_error(tmp_path, launch_error(), 2))
+    assert "killed or lost" in str(ranks_error(tmp_path, launch_error(), 2))
 
 
 def test_a_rank_s_own_error_is_raised_as_it_was(tmp_path: Path):
     from mlrc.data.base import DatasetError
 
     (tmp_path / "rank1.error").write_bytes(pickle.dumps(DatasetError("x.png: unreadable image")))
-    got = _rank_error(tmp_path, launch_error(r1=1, r0=-15), 2)
+    got = ranks_error(tmp_path, launch_error(r1=1, r0=-15), 2)
     assert isinstance(got, DatasetError) and str(got) == "x.png: unreadable image"
 
 

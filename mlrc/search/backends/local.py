@@ -39,7 +39,7 @@ from mlrc.search.optuna_setup import counts, optuna_study
 from mlrc.search.session import StudySession
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
-from mlrc.train.launch import RankLost
+from mlrc.train.ranks import RankLost
 
 log = logging.getLogger("mlrc")
 
