@@ -93,7 +93,8 @@ def run_fold(
     try:
         with fold_slot(cores, wait=ctx.device == "cpu"):
             if k > 1:
-                res = train_fold_ranks(spec, ctx.devices, per_rank, on_validation=record)
+                launch = ctx.launcher or train_fold_ranks
+                res = launch(spec, ctx.devices, per_rank, on_validation=record)
             else:
                 res = train_fold(spec, on_validation=record)
     except CheckpointError as e:  # disk full, unreadable last.pt: the run stops, one line

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -70,6 +70,9 @@ class StudySession:
     threads: int | None = None  # torch intra-op threads of every fold: the study's (stored)
     # the devices of a fold's K ranks (rank r on devices[r]); empty: one process on ``device``
     devices: tuple[str, ...] = ()
+    # what starts a fold's K ranks: (spec, devices, threads, on_validation) → result; None:
+    # torchrun's launcher on this node (mlrc.train.launch.train_fold_ranks)
+    launcher: Callable[..., Any] | None = None
 
     @property
     def name(self) -> str:

@@ -62,20 +62,15 @@ from mlrc.models.freezing import freeze_batchnorm
 from mlrc.protocol import retrieval_metrics
 from mlrc.train.checkpoint import (
     CheckpointWriter,
-    adopted,
     atomic_save,
     commit_best,
-    load_checkpoint,
     plain,
-    resume_state,
     save_pending_best,
-    set_aside,
 )
 from mlrc.train.distributed import (
     GatheredModel,
     all_gather_cat,
     average_gradients,
-    barrier,
     broadcast_object,
     gather_rows,
     is_distributed,
@@ -85,9 +80,11 @@ from mlrc.train.distributed import (
 )
 from mlrc.train.embed import View, embed_tensors
 from mlrc.train.numerics import provenance
+from mlrc.train.resume import restore, resume_or_adopt
 from mlrc.train.schedule import lr_factor, set_learning_rates, warm_up
 from mlrc.train.setup import FoldParts, build_fold
 from mlrc.train.spec import NONFINITE, EpochRecord, FoldResult, FoldSpec, trained_best
+from mlrc.train.tally import LossTally, first_nonfinite
 
 METRICS = ("map_at_r", "precision_at_1", "r_precision")  # of an EpochRecord, kept for the best
 READ_SECONDS = 2.0  # a shown progress bar reads the running loss at most this often (seconds)
@@ -169,50 +166,6 @@ def train_epochs(run: FoldRun, state: dict[str, Any] | None) -> FoldResult:
         bar.close()
 
 
-def resume_or_adopt(spec: FoldSpec) -> dict[str, Any] | FoldResult | None:
-    """What ``spec.workdir`` holds for this fold: the finished result to adopt, the ``last.pt``
-    state to resume from, or ``None`` (train from the start). A folder computed under another
-    identity is set aside first (:func:`~mlrc.train.checkpoint.set_aside`). Under K ranks,
-    rank 0 decides (and repairs ``best.pt``, sets a folder aside) and the others then read the
-    ``last.pt`` it left, before anyone writes again."""
-    state = None
-    if rank_and_world()[0] == 0:
-        spec.workdir.mkdir(parents=True, exist_ok=True)
-        state = resume_state(spec.workdir / "last.pt", spec.workdir / "best.pt")
-        if state is not None and state.get("identity", {}) != plain(spec.identity):
-            set_aside(spec.workdir, state.get("identity", {}), plain(spec.identity))
-            spec.workdir.mkdir(parents=True, exist_ok=True)
-            state = None
-    resumed = broadcast_object(state is not None)  # rank 0's answer, on every rank
-    if rank_and_world()[0] != 0 and resumed:
-        state = load_checkpoint(spec.workdir / "last.pt")
-    barrier()  # every rank has read last.pt: rank 0 may write again
-    if state is not None and state.get("result") is not None:
-        return adopted(state)
-    return state
-
-
-def restore(run: FoldRun, state: dict[str, Any]) -> None:
-    """Continue after the last finished epoch of ``state`` (``last.pt``): weights, optimisers,
-    sampler, strategy, AMP scaler and torch RNG as they were, with the history and best so far."""
-    parts = run.parts
-    parts.model.load_state_dict(state["model"])
-    parts.loss_fn.load_state_dict(state["loss"])
-    parts.opt.load_state_dict(state["opt"])
-    if parts.loss_opt is not None:
-        parts.loss_opt.load_state_dict(state["loss_opt"])
-    parts.sampler.set_state(state["sampler"])
-    if state.get("strategy") is not None:
-        parts.strategy.load_state_dict(state["strategy"])
-    if state.get("scaler"):  # fp16 only; empty when the scaler is disabled
-        parts.scaler.load_state_dict(state["scaler"])
-    torch.set_rng_state(state["torch_rng"])
-    run.history = [EpochRecord(**h) for h in state["history"]]
-    run.best_epoch, run.best = state["best_epoch"], state["best"]
-    run.start_epoch = state["epoch"] + 1
-    run.t0 -= state["wall_time_s"]
-
-
 def validate_untrained(run: FoldRun) -> FoldResult | None:
     """Epoch 0: the untrained model, a candidate for best (as PML's hooks; not under the
     traditional preset, whose papers evaluate after each trained epoch only); the failed result
@@ -245,40 +198,6 @@ def train_mode(run: FoldRun) -> None:
     run.parts.model.train()
     if run.spec.preset.freeze_batchnorm:
         freeze_batchnorm(run.parts.model.trunk)
-
-
-class LossTally:
-    """An epoch's training losses, summed where they are computed, read back only on demand.
-
-    ``add`` queues device work only (no host sync): the loss, converted exactly to float64, is
-    added to a float64 sum in order — the same roundings as summing ``loss.item()`` in Python,
-    so the epoch mean is bit for bit what a Python float sum gives — and the 1-based iteration
-    of the first non-finite loss is kept with ``torch.where`` (0 while every loss is finite).
-    ``read`` copies both to the host in one transfer.
-    """
-
-    def __init__(self) -> None:
-        self.sum: torch.Tensor | None = None  # float64 scalar, on the losses' device
-        self.first_nonfinite: torch.Tensor | None = None  # int64 scalar, 0: none yet
-        self.n = 0  # losses added
-
-    def add(self, loss: torch.Tensor, it: int) -> None:
-        """Add the loss of iteration ``it`` (a scalar tensor, not read)."""
-        value = loss.detach()
-        if self.sum is None:
-            self.sum = torch.zeros((), dtype=torch.float64, device=value.device)
-            self.first_nonfinite = torch.zeros((), dtype=torch.int64, device=value.device)
-        fresh = ~torch.isfinite(value) & (self.first_nonfinite == 0)
-        self.first_nonfinite = torch.where(fresh, it, self.first_nonfinite)
-        self.sum += value.double()
-        self.n += 1
-
-    def read(self) -> tuple[float, int | None]:
-        """(mean loss so far, first non-finite iteration or None): one device → host copy."""
-        if self.sum is None:
-            return 0.0, None
-        total, bad = torch.stack([self.sum, self.first_nonfinite.double()]).tolist()
-        return total / max(self.n, 1), (int(bad) if bad else None)
 
 
 def train_epoch(run: FoldRun, epoch: int, bar: tqdm) -> float | FoldResult:
@@ -324,14 +243,6 @@ def run_steps(run: FoldRun, epoch: int, tally: LossTally, bar: tqdm) -> None:
                 return
             show(run, bar, epoch, mean)
             next_read = time.monotonic() + READ_SECONDS
-
-
-def first_nonfinite(tally: LossTally) -> int | None:
-    """The tally's first non-finite iteration, or ``None`` (also when it cannot be read)."""
-    try:
-        return tally.read()[1] if tally.n else None
-    except Exception:  # noqa: BLE001 — the caller re-raises the error that brought it here
-        return None
 
 
 def show(run: FoldRun, bar: tqdm, epoch: int, mean: float) -> None:

@@ -27,6 +27,7 @@ from ray.tune.search.optuna import OptunaSearch
 from mlrc import store
 from mlrc.config import ResolvedStudy
 from mlrc.config.identity import params_hash
+from mlrc.search.backends.ray_train import ray_train_fold
 from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending, failure_reason
 from mlrc.search.folds import run_fold
 from mlrc.search.heartbeat import (
@@ -39,7 +40,7 @@ from mlrc.search.heartbeat import (
 )
 from mlrc.search.objective import run_objective, sequential_folds
 from mlrc.search.optuna_setup import finished, optuna_study
-from mlrc.search.session import StudySession, build_session, rank_plan
+from mlrc.search.session import StudySession, build_session
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
 from mlrc.store import trials
@@ -62,12 +63,12 @@ class Job:
     cpus_per_fold: float
     gpus_per_fold: float
     heartbeat_s: int
-    procs: int = 1  # ranks of each fold, started inside the trial's task on its node
+    procs: int = 1  # ranks per fold: Ray Train workers (mlrc.search.backends.ray_train)
 
     def context(self) -> StudySession:
         """Built once per Ray process (actors are reused across trials): dataset loaded once.
-        With ``procs`` > 1 a fold's ranks take the task's GPUs (those Ray made visible to it)
-        or its CPU."""
+        With ``procs`` K > 1 each fold is a Ray Train run of K workers (one GPU each, or
+        ``cpus_per_fold`` CPUs each on the CPU) that Ray places."""
         key = (self.resolved.study.name, self.url, self.artifacts, self.device, self.procs)
         if key not in _CONTEXTS:
             ctx = build_session(  # the driver recorded any change of budget
@@ -77,8 +78,15 @@ class Job:
                 self.device,
                 progress=False,
                 budgets_used=(),
+                procs=self.procs,
             )
-            ctx.devices = rank_plan(self.resolved, self.device, self.procs)
+            if self.procs > 1:  # placed by Ray, not by this process's devices
+                ctx.devices = (self.device,) * self.procs
+                ctx.launcher = partial(
+                    ray_train_fold,
+                    use_gpu=self.device == "cuda",
+                    cpus_per_rank=self.cpus_per_fold,
+                )
             _CONTEXTS[key] = ctx
         return _CONTEXTS[key]
 
@@ -135,7 +143,7 @@ def _trainable(config: dict[str, Any], job: Job) -> None:
 
     number = int(config[NUMBER])
     params = {k: v for k, v in config.items() if k != NUMBER}
-    if job.device == "cuda" and not _cuda():
+    if job.device == "cuda" and job.procs == 1 and not _cuda():  # K ranks: Ray Train's GPUs
         raise StudyError("--gpus-per-trial > 0 but this Ray worker sees no CUDA device")
     ctx = job.context()
     storage = _storage(ctx.url, job.heartbeat_s)
@@ -251,8 +259,11 @@ def run_search_ray(
         str(ctx.artifacts.parent.resolve()),
         "cuda" if gpus_per_trial > 0 else ctx.device,
         fold_parallel,
-        (cpus_per_trial - DRIVER_CPU) / n if fold_parallel else cpus_per_trial,
-        gpus_per_trial / n,
+        # per fold task, or per rank (the trial's driver keeps DRIVER_CPU of it), or per trial
+        (cpus_per_trial - DRIVER_CPU) / (n if fold_parallel else procs)
+        if fold_parallel or procs > 1
+        else cpus_per_trial,
+        gpus_per_trial / (n if fold_parallel else procs),  # per fold task, or per rank
         heartbeat_s,
         procs,
     )
@@ -267,8 +278,8 @@ def run_search_ray(
 
 
 def _ranks_per_trial(ctx: StudySession, gpus_per_trial: float, fold_parallel: bool) -> int:
-    """K, the ranks of each fold (``--procs-per-trial``): started inside the trial's Ray task,
-    so on one node, one rank per GPU the trial reserves. One line when Ray cannot place them."""
+    """K, the ranks of each fold (``--procs-per-trial``): Ray Train workers, one GPU each with
+    ``--gpus-per-trial K``. One line when Ray cannot place them."""
     k = max(1, len(ctx.devices))
     why = ranks_refusal(k, gpus_per_trial, fold_parallel)
     if why is not None:
@@ -320,6 +331,8 @@ def _resources(job: Job, n_folds: int, cpus_per_trial: float, gpus_per_trial: fl
         return tune.PlacementGroupFactory(
             [{"CPU": DRIVER_CPU}] + [{"CPU": job.cpus_per_fold, "GPU": job.gpus_per_fold}] * n_folds
         )
+    if job.procs > 1:  # the trial is its driver; Ray Train reserves each fold's K workers
+        return {"cpu": DRIVER_CPU, "gpu": 0}
     return {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
 
 
