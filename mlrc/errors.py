@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["alive", "first_line", "interrupt_behind", "worker_message"]
+__all__ = ["alive", "first_line", "interrupt_behind", "signal_behind", "worker_message"]
 
 
 def first_line(error: BaseException | str, default: str | None = None) -> str:
@@ -41,6 +41,18 @@ def interrupt_behind(e: BaseException | None) -> KeyboardInterrupt | None:
     while e is not None and id(e) not in seen:
         if isinstance(e, KeyboardInterrupt):
             return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def signal_behind(e: BaseException | None) -> int | None:
+    """The signal number an exception of ``e``'s chain says stopped the work (a ``signum``
+    attribute: a launcher that caught SIGTERM itself), or None."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(getattr(e, "signum", None), int):
+            return e.signum
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return None

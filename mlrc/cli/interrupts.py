@@ -53,7 +53,9 @@ def _stopped(e: KeyboardInterrupt, got: list[int]) -> None:
     set by :class:`~mlrc.search.errors.Interrupted`); exit 128 + the signal's number."""
     import signal
 
-    sig = signal.Signals(got[0] if got else signal.SIGINT)
+    from mlrc.errors import signal_behind
+
+    sig = signal.Signals(got[0] if got else signal_behind(e) or signal.SIGINT)
     what = getattr(e, "what", None)
     marked = f"{what} marked interrupted; " if what else ""
     err_console.print(

@@ -112,7 +112,9 @@ def train_fold_ranks(
     except ChildFailedError as e:
         raise ranks_error(spec.workdir, e.failures, len(devices)) from None
     except SignalException as e:  # SIGINT/SIGTERM while the launcher held the handlers
-        raise KeyboardInterrupt(str(e)) from None
+        stop = KeyboardInterrupt(str(e))
+        stop.signum = int(e.sigval)  # which one, for the command's line and exit code
+        raise stop from None
     finally:
         reader.stop()
     return out[0]

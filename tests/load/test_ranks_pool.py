@@ -138,3 +138,50 @@ def test_ray_trials_train_their_folds_as_two_ranks(tmp_path, omniglot_zip):
     with session(engine) as s:
         rows = s.execute(select(FoldRun)).scalars().all()
     assert len(rows) == 4 and all(r.provenance["processes"] == 2 for r in rows)
+
+
+def test_study_run_trains_two_rank_folds_into_the_usual_tables(tmp_path, omniglot_zip):
+    """The local backend (``mlrc study run --procs-per-trial 2``) on SQLite: a complete study,
+    one row per fold, each fold's provenance naming its 2 processes, the status line saying so."""
+    url = f"sqlite:///{tmp_path / 'local.db'}"
+    study = pool_study(tmp_path, omniglot_zip, "ranks-local", trials=1)
+    r = subprocess.run(
+        [sys.executable, "-m", "mlrc.cli", "study", "run", str(study), "--storage", url]
+        + ["--artifacts", str(tmp_path / "art"), "--procs-per-trial", "2", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "computed on: 2 processes on " in r.stdout, r.stdout[-2000:]
+    ts = optuna.load_study(study_name="ranks-local", storage=url).get_trials(deepcopy=False)
+    assert [t.state for t in ts] == [TrialState.COMPLETE]
+    with session(store.connect(url)) as s:
+        rows = s.execute(select(FoldRun)).scalars().all()
+    assert len(rows) == 4 and all(r.status == "complete" for r in rows)
+    assert all(r.provenance["processes"] == 2 for r in rows)
+
+
+def test_sigterm_interrupts_a_two_rank_trial_and_leaves_no_rank(
+    tmp_path, fresh_database, omniglot_zip
+):
+    """Slurm's scancel (SIGTERM) reaches a worker while its ranks train: the trial is recorded
+    interrupted (retried by the next worker), the worker exits 143, no rank is left running."""
+    url = fresh_database
+    study = pool_study(tmp_path, omniglot_zip, "ranks-c", trials=2)
+    (worker,) = start_pool(1, study, url, tmp_path, "--procs-per-trial", "2")
+    deadline = time.monotonic() + 300
+    fold, ranks = None, []
+    while time.monotonic() < deadline and not (fold and len(ranks) == 2):
+        fold = _running_fold_with_a_checkpoint(url, "ranks-c")
+        ranks = rank_pids(worker.proc.pid) if fold else []
+        time.sleep(0.1)
+    assert fold is not None and len(ranks) == 2, "no 2-rank fold reached epoch 1"
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.wait(120) == 143, worker.output()[-3000:]
+    time.sleep(1)
+    assert not [p for p in ranks if Path(f"/proc/{p}").exists()], "a rank outlived its worker"
+    with session(_engine(url)) as s:
+        row = s.execute(select(Trial).filter_by(number=fold.trial_number)).scalar_one()
+    assert row.state == "interrupted", (row.state, row.reason)
