@@ -75,19 +75,26 @@ def rank_pids(worker_pid: int) -> list[int]:
     return sorted(c for s in servers for c, p in parents.items() if p == s)
 
 
-def test_a_killed_rank_interrupts_its_trial_and_the_worker_goes_on(
-    tmp_path, fresh_database, omniglot_zip
-):
-    url = fresh_database
-    study = pool_study(tmp_path, omniglot_zip, "ranks-b", trials=2)
+def worker_mid_fold(tmp_path: Path, omniglot_zip: Path, url: str, name: str):
+    """A pool worker of a 2-trial study with ``--procs-per-trial 2``, once one of its folds has
+    a checkpoint (epoch ≥ 1 stored) and both ranks run: (worker, that fold's row, rank pids)."""
+    study = pool_study(tmp_path, omniglot_zip, name, trials=2)
     (worker,) = start_pool(1, study, url, tmp_path, "--procs-per-trial", "2")
     deadline = time.monotonic() + 300
     fold, ranks = None, []
     while time.monotonic() < deadline and not (fold and len(ranks) == 2):
-        fold = _running_fold_with_a_checkpoint(url, "ranks-b")
+        fold = _running_fold_with_a_checkpoint(url, name)
         ranks = rank_pids(worker.proc.pid) if fold else []
         time.sleep(0.1)
     assert fold is not None and len(ranks) == 2, f"no 2-rank fold reached epoch 1: {ranks}"
+    return worker, fold, ranks
+
+
+def test_a_killed_rank_interrupts_its_trial_and_the_worker_goes_on(
+    tmp_path, fresh_database, omniglot_zip
+):
+    url = fresh_database
+    worker, fold, ranks = worker_mid_fold(tmp_path, omniglot_zip, url, "ranks-b")
     os.kill(ranks[1], signal.SIGKILL)
     finish([worker])
     out = worker.output()
@@ -169,15 +176,7 @@ def test_sigterm_interrupts_a_two_rank_trial_and_leaves_no_rank(
     """Slurm's scancel (SIGTERM) reaches a worker while its ranks train: the trial is recorded
     interrupted (retried by the next worker), the worker exits 143, no rank is left running."""
     url = fresh_database
-    study = pool_study(tmp_path, omniglot_zip, "ranks-c", trials=2)
-    (worker,) = start_pool(1, study, url, tmp_path, "--procs-per-trial", "2")
-    deadline = time.monotonic() + 300
-    fold, ranks = None, []
-    while time.monotonic() < deadline and not (fold and len(ranks) == 2):
-        fold = _running_fold_with_a_checkpoint(url, "ranks-c")
-        ranks = rank_pids(worker.proc.pid) if fold else []
-        time.sleep(0.1)
-    assert fold is not None and len(ranks) == 2, "no 2-rank fold reached epoch 1"
+    worker, fold, ranks = worker_mid_fold(tmp_path, omniglot_zip, url, "ranks-c")
     worker.proc.send_signal(signal.SIGTERM)
     assert worker.wait(120) == 143, worker.output()[-3000:]
     time.sleep(1)
