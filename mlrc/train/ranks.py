@@ -6,7 +6,8 @@ process talk (all in the fold's ``workdir``):
 - ``validations.jsonl``: rank 0 appends each :class:`~mlrc.train.spec.EpochRecord`; the
   launching process reads it while the ranks train (:class:`EventReader`) and hands each new
   record to its ``on_validation``;
-- ``rank<r>.error``: the exception rank r raised, pickled; :func:`ranks_error` turns a failed
+- ``rank<r>.error``: the exception rank r raised, as JSON (its class and message; no pickle:
+  the folder may be shared); :func:`ranks_error` turns a failed
   launch into the exception it stands for — a rank's own error as it was, or
   :class:`RankLost` naming the rank that ended without one (killed, lost) and how.
 
@@ -15,10 +16,11 @@ process talk (all in the fold's ``workdir``):
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import importlib
 import json
 import os
-import pickle
 import signal
 import threading
 import time
@@ -38,7 +40,9 @@ __all__ = [
     "clear_rank_files",
     "peer_gone",
     "ranks_error",
+    "record_error",
     "run_rank",
+    "write_json",
 ]
 
 EVENTS = "validations.jsonl"
@@ -94,16 +98,35 @@ def appender(path: Path) -> Callable[[EpochRecord], None]:
 
 
 def record_error(path: Path, e: BaseException) -> None:
-    """``e`` pickled to ``path`` for the launching process (as a RuntimeError with its one line
-    if it cannot be pickled)."""
-    try:
-        data = pickle.dumps(e)
-        pickle.loads(data)
-    except Exception:  # noqa: BLE001 — an exception that does not survive pickling
-        data = pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"))
+    """``e`` for the launching process, as JSON (its class's module and name, its message):
+    never a pickle, which the launcher would have to unpickle from a shared folder."""
+    cls = type(e)
+    write_json(path, {"module": cls.__module__, "name": cls.__qualname__, "message": str(e)})
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """``obj`` as JSON in ``path``, atomically."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(data)
+    tmp.write_text(json.dumps(obj))
     os.replace(tmp, path)
+
+
+def rebuilt_error(record: dict[str, Any]) -> BaseException:
+    """The exception :func:`record_error` recorded: its own class when that is a built-in or an
+    mlrc exception built from its message (a user error stays one line, KeyboardInterrupt stays
+    an interrupt), else a RuntimeError ``Name: message``."""
+    module, name, message = record["module"], record["name"], record["message"]
+    cls = None
+    if module == "builtins":
+        cls = getattr(builtins, name, None)
+    elif module == "mlrc" or module.startswith("mlrc."):
+        cls = getattr(importlib.import_module(module), name, None)
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        try:
+            return cls(message)
+        except Exception:  # noqa: BLE001, S110 — a class that takes other arguments: below
+            pass
+    return RuntimeError(f"{name.rsplit('.', 1)[-1]}: {message}")
 
 
 class EventReader:
@@ -166,7 +189,7 @@ def ranks_error(workdir: Path, failures: dict[int, Any], world: int) -> BaseExce
 
 def load_error(path: Path) -> BaseException | None:
     try:
-        return pickle.loads(path.read_bytes())
+        return rebuilt_error(json.loads(path.read_text()))
     except Exception:  # noqa: BLE001 — unreadable: as if the rank recorded nothing
         return None
 

@@ -4,7 +4,6 @@ named (read against the rules written out by hand)."""
 
 from __future__ import annotations
 
-import pickle
 import signal
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +15,7 @@ from mlrc.search.errors import INTERRUPTED, ending, rank_lost
 from mlrc.search.optuna_setup import counts
 from mlrc.train import distributed
 from mlrc.train.launch import rank_devices
-from mlrc.train.ranks import RankLost, ranks_error
+from mlrc.train.ranks import RankLost, ranks_error, record_error
 
 
 def test_rank_devices():
@@ -97,7 +96,7 @@ def launch_error(**failures) -> dict:
 
 def test_a_killed_rank_is_named_not_the_peer_that_noticed(tmp_path: Path):
     peer = RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error: Connection reset by peer")
-    (tmp_path / "rank0.error").write_bytes(pickle.dumps(peer))
+    record_error(tmp_path / "rank0.error", peer)
     got = ranks_error(tmp_path, launch_error(r1=-9, r0=-15), 2)
     assert isinstance(got, RankLost) and str(got) == "rank 1 of 2 ended by SIGKILL"
     # the launcher's SIGTERM to a survivor is not the cause when another rank died otherwise
@@ -109,7 +108,7 @@ def test_a_killed_rank_is_named_not_the_peer_that_noticed(tmp_path: Path):
 def test_a_rank_s_own_error_is_raised_as_it_was(tmp_path: Path):
     from mlrc.data.base import DatasetError
 
-    (tmp_path / "rank1.error").write_bytes(pickle.dumps(DatasetError("x.png: unreadable image")))
+    record_error(tmp_path / "rank1.error", DatasetError("x.png: unreadable image"))
     got = ranks_error(tmp_path, launch_error(r1=1, r0=-15), 2)
     assert isinstance(got, DatasetError) and str(got) == "x.png: unreadable image"
 
@@ -127,3 +126,26 @@ def test_a_lost_rank_interrupts_and_is_not_counted():
     assert not counts(trial("interrupted: rank 1 of 2 ended by SIGKILL"))
     assert not counts(trial("interrupted"))
     assert counts(trial("RuntimeError: boom"))
+
+
+def test_recorded_errors_come_back_as_their_class_or_a_runtime_error(tmp_path: Path):
+    """No pickle between ranks and launcher: built-in and mlrc exceptions come back as
+    themselves, any other as ``RuntimeError("Name: message")``."""
+    from mlrc.config import ConfigError
+    from mlrc.train.ranks import load_error
+
+    class Odd(Exception):
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__(f"{a}/{b}")
+
+    for e, kind, text in [
+        (KeyboardInterrupt("stop"), KeyboardInterrupt, "stop"),
+        (ConfigError("study.yaml: bad"), ConfigError, "study.yaml: bad"),
+        (OSError("disk full"), OSError, "disk full"),
+        (Odd(1, 2), RuntimeError, "Odd: 1/2"),
+    ]:
+        record_error(tmp_path / "rank0.error", e)
+        got = load_error(tmp_path / "rank0.error")
+        assert type(got) is kind and str(got) == text
+    (tmp_path / "rank1.error").write_bytes(b"\x80\x04not json")
+    assert load_error(tmp_path / "rank1.error") is None

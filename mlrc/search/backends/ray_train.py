@@ -7,7 +7,7 @@ workers that Ray places on the cluster — one GPU each (``--gpus-per-trial K``)
 on the CPU, with mlrc's bounded timeout). Each worker runs :func:`mlrc.train.ranks.run_rank`,
 so the ranks do exactly what they do under torchrun (:mod:`mlrc.train.launch`): rank 0 reports
 validations (``validations.jsonl`` in the fold's folder, read here), writes the checkpoints and
-the result (``rank0.result``), and a rank's own error is raised here as it was. A worker lost
+the result (``rank0.result.json``), and a rank's own error is raised here as it was. A worker lost
 without an error of its own (killed, its node gone) is
 :class:`~mlrc.train.ranks.RankLost`: the trial is interrupted and retried, as in the pool. The
 fold folder must be on a file system every node mounts (``--artifacts``), as for the pool.
@@ -15,21 +15,20 @@ fold folder must be on a file system every node mounts (``--artifacts``), as for
 
 from __future__ import annotations
 
-import os
-import pickle
+import dataclasses
+import json
 import shutil
 import uuid
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from mlrc.train import EpochRecord, FoldResult, FoldSpec
 from mlrc.train.launch import timeout_s
-from mlrc.train.ranks import EventReader, clear_rank_files, ranks_error, run_rank
+from mlrc.train.ranks import EventReader, clear_rank_files, ranks_error, run_rank, write_json
 
 __all__ = ["RESULT", "ray_train_fold"]
 
-RESULT = "rank0.result"  # rank 0's FoldResult, pickled, in the fold's folder
+RESULT = "rank0.result.json"  # rank 0's FoldResult, in the fold's folder
 
 
 def ray_train_fold(
@@ -73,7 +72,7 @@ def ray_train_fold(
     finally:
         reader.stop()
         shutil.rmtree(scratch, ignore_errors=True)
-    return pickle.loads((spec.workdir / RESULT).read_bytes())
+    return result_of(json.loads((spec.workdir / RESULT).read_text()))
 
 
 def _resources(use_gpu: bool, cpus: float) -> dict[str, float]:
@@ -90,10 +89,10 @@ def _worker(config: dict[str, Any]) -> None:
     spec: FoldSpec = config["spec"]
     res = run_rank(spec, rank, device, config["threads"])
     if rank == 0:
-        _write(spec.workdir / RESULT, pickle.dumps(res))
+        write_json(spec.workdir / RESULT, dataclasses.asdict(res))
 
 
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+def result_of(d: dict[str, Any]) -> FoldResult:
+    """The :class:`FoldResult` rank 0 wrote as JSON."""
+    history = [EpochRecord(**h) for h in d.pop("history")]
+    return FoldResult(**d, history=history)
