@@ -145,3 +145,32 @@ def _no_cpu_share_leaks():
     threads.reset()
     if torch.get_num_threads() != before:
         torch.set_num_threads(before)
+
+
+def rank_pids(launcher_pid: int) -> list[int]:
+    """The rank processes a fold launched from process ``launcher_pid`` runs now: the children
+    of its forkserver (``mlrc.train.launch`` forks the ranks from one), in the order they
+    started (rank order). Read from ``/proc``."""
+    from pathlib import Path
+
+    stats: dict[int, list[str]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stats[int(stat.parent.name)] = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+    parent = {pid: int(fields[1]) for pid, fields in stats.items()}
+
+    def descendants(pid: int) -> list[int]:
+        kids = [c for c, p in parent.items() if p == pid]
+        return kids + [d for k in kids for d in descendants(k)]
+
+    def cmdline(pid: int) -> str:
+        try:
+            return (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return ""
+
+    servers = {p for p in descendants(launcher_pid) if "forkserver" in cmdline(p)}
+    ranks = [c for c, p in parent.items() if p in servers]
+    return sorted(ranks, key=lambda pid: (int(stats[pid][19]), pid))  # start time, then pid

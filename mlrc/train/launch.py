@@ -65,14 +65,14 @@ def rank_devices(device: str, procs: int, devices: Sequence[str] | None = None) 
         d = torch.device(device)
         first = d.index or 0
         out = [f"{d.type}:{first + r}" for r in range(procs)]
+    if len(set(out)) < len(out) and any(torch.device(d).type != "cpu" for d in out):
+        raise ValueError(f"each rank needs its own GPU, got {', '.join(out)}")
     cuda = [torch.device(d) for d in out if torch.device(d).type == "cuda"]
     if cuda and max(d.index or 0 for d in cuda) >= torch.cuda.device_count():
         raise ValueError(
             f"{procs} processes per trial need GPUs {', '.join(out)}, but this machine shows "
             f"{torch.cuda.device_count()} GPU(s)"
         )
-    if len(set(out)) < len(out) and any(torch.device(d).type != "cpu" for d in out):
-        raise ValueError(f"each rank needs its own GPU, got {', '.join(out)}")
     return out
 
 

@@ -108,6 +108,7 @@ class FoldRun:
     writer: CheckpointWriter = field(default_factory=CheckpointWriter)
     saved_at: float = -math.inf  # time.monotonic() of the last last.pt snapshot
     new_best: int | None = None  # a best epoch whose model is not written yet (pending file)
+    gathered: GatheredModel | None = None  # K ranks: the model as the strategy sees it
 
     @property
     def last(self) -> Path:
@@ -289,7 +290,8 @@ def calculate_loss(
     )
     model, y = parts.model, y.to(device, non_blocking=pin)
     if is_distributed():
-        model, y = GatheredModel(model), all_gather_cat(y)
+        model, y = run.gathered or GatheredModel(model), all_gather_cat(y)
+        run.gathered = model
     try:
         loss = parts.strategy.batch_loss(
             model,
@@ -439,7 +441,7 @@ def write_epoch(
     commit_best(best_path, best_epoch)
 
 
-def ranks() -> dict[str, int]:
+def rank_provenance() -> dict[str, int]:
     """``{"processes": K}`` for a fold trained as K > 1 ranks (its provenance), else nothing."""
     return {"processes": rank_and_world()[1]} if is_distributed() else {}
 
@@ -458,7 +460,7 @@ def finish(run: FoldRun, status: str, reason: str | None, epoch: int) -> FoldRes
         objective=trained_best(run.history, run.spec.preset.selection_metric),
         device=run.spec.device,
         code_version=run.spec.code_version,
-        provenance=provenance(run.spec.device, run.spec.preset) | ranks(),
+        provenance=provenance(run.spec.device, run.spec.preset) | rank_provenance(),
     )
     save_last(run, epoch, res)
     run.writer.wait()

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import optuna
+from conftest import rank_pids
 from optuna.trial import TrialState
 from sqlalchemy import select
 from test_pool import (
@@ -49,30 +50,6 @@ def test_a_pool_worker_trains_every_fold_as_two_ranks(tmp_path, fresh_database, 
     check_complete_study(url, "ranks-a", 1)  # exactly the budget, one row per (params, fold)
     rows = fold_rows(url, "ranks-a")
     assert len(rows) == 4 and all(r.provenance["processes"] == 2 for r in rows)
-
-
-def rank_pids(worker_pid: int) -> list[int]:
-    """The rank processes under ``worker_pid``: the children of its forkserver."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-
-    def descendants(pid: int) -> list[int]:
-        kids = [c for c, p in parents.items() if p == pid]
-        return kids + [d for k in kids for d in descendants(k)]
-
-    def cmdline(pid: int) -> str:
-        try:
-            return (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            return ""
-
-    servers = [p for p in descendants(worker_pid) if "forkserver" in cmdline(p)]
-    return sorted(c for s in servers for c, p in parents.items() if p == s)
 
 
 def worker_mid_fold(tmp_path: Path, omniglot_zip: Path, url: str, name: str):

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import rank_pids
 from test_distributed import free_port, rank_main
 from torch import multiprocessing as mp
 
@@ -402,37 +403,6 @@ KILL_AFTER_S = 120.0  # the killer gives up waiting for epoch 1 and kills anyway
 LONG = {"iterations_per_epoch": 30, "max_epochs": 100}
 
 
-def rank_pids() -> list[int]:
-    """The rank processes of this process's launch (children of its forkserver), in the order
-    they started (rank order)."""
-    kids = [
-        int(pid)
-        for task in Path(f"/proc/{os.getpid()}/task").iterdir()
-        for pid in (task / "children").read_text().split()
-    ]
-
-    def cmdline(pid: int) -> str:
-        try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            return ""
-
-    def started(pid: int) -> int:  # clock ticks since boot, field 22 of /proc/<pid>/stat
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-
-    def children(pid: int) -> list[int]:
-        return [
-            int(c)
-            for task in Path(f"/proc/{pid}/task").iterdir()
-            for c in (task / "children").read_text().split()
-        ]
-
-    # the ranks are forked by the launcher's forkserver, a child of this process
-    servers = [pid for pid in kids if "forkserver" in cmdline(pid)]
-    ranks = [c for srv in servers for c in children(srv)]
-    return sorted(ranks, key=lambda pid: (started(pid), pid))
-
-
 def alive(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie."""
     try:
@@ -460,7 +430,7 @@ def killed_fold(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         deadline = time.monotonic() + KILL_AFTER_S
         while (saved_epoch(workdir / "last.pt") or 0) < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
-        out["ranks"] = pids = rank_pids()
+        out["ranks"] = pids = rank_pids(os.getpid())
         if len(pids) == 2:
             os.kill(pids[1], signal.SIGKILL)
         out["killed_at"] = time.monotonic()
@@ -560,7 +530,7 @@ def test_a_rank_error_is_raised_as_it_was(where: str, tmp_path: Path) -> None:
         assert str(info.value) == message
     else:
         assert str(info.value).endswith(": unreadable on rank 1 (test)")
-    assert not [pid for pid in rank_pids() if alive(pid)]
+    assert not [pid for pid in rank_pids(os.getpid()) if alive(pid)]
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
