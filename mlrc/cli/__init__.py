@@ -182,6 +182,7 @@ def _add_subapps() -> None:
     from mlrc.cli.demo import demo
     from mlrc.cli.gc import gc
     from mlrc.cli.plugins import plugins_app
+    from mlrc.cli.replay import replay
     from mlrc.cli.report import report
     from mlrc.cli.slurm import slurm_app
     from mlrc.cli.store import store_app
@@ -192,6 +193,7 @@ def _add_subapps() -> None:
     app.command()(report)
     app.command()(demo)
     app.command()(gc)
+    app.command()(replay)
     app.add_typer(data_app, name="data")
     app.add_typer(study_app, name="study")
     app.add_typer(campaign_app, name="campaign")

@@ -264,6 +264,7 @@ def print_compute(provenances: list) -> None:
 def print_budget(engine, st) -> None:
     """The study's budgets, retention and torch threads per fold, then its history of changes
     (oldest first)."""
+    from mlrc.report.legend import pruning_label, risk_text
     from mlrc.store import history
 
     rows = history.study_history(engine, st.id)
@@ -278,6 +279,14 @@ def print_budget(engine, st) -> None:
         soft_wrap=True,
         highlight=False,
     )
+    if (label := pruning_label(st.config, settings)) != "none":
+        risk = risk_text(settings.get("pruning_risk"))
+        console.print(
+            f"pruning: {label} (not the protocol's search){'; ' + risk if risk else ''}",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
     for h in rows:
         when = h.time.strftime("%Y-%m-%d %H:%M")
         console.print(

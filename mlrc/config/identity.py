@@ -86,10 +86,13 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     **{
         (part, "search", k): None
         for part in ("study", "preset")
-        for k in ("pruner", "prune_startup")
+        for k in ("pruner", "prune_startup", "prune_p", "stop")
     },
     ("pruner",): "none",
     ("prune_startup",): 5,
+    # Wilcoxon pruning and in-fold stopping (#25)
+    ("prune_p",): 0.3,
+    ("stop",): None,
     # timm trunks and the modern preset
     ("preset", "freeze_layernorm"): False,
     ("preset", "normalize"): None,

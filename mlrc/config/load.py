@@ -93,6 +93,9 @@ def format_error(source: str, err: ValidationError, model: type[BaseModel]) -> s
         return f"{source}: unknown key {loc!r}{hint}"
     msg = e["msg"].removeprefix("Value error, ")
     msg = re.sub(r" or instance of \w+$", "", msg)  # our class names mean nothing to a user
+    if e["type"] == "literal_error":  # pruner: medain → did you mean 'median'?
+        options = re.findall(r"'([^']*)'", e.get("ctx", {}).get("expected", ""))
+        msg = f"{msg} (got {e['input']!r}){did_you_mean(e['input'], options)}"
     if e["loc"][-1:] == ("[key]",):  # a mapping key that is not a string
         *parent, key = e["loc"][:-1]
         loc = ": ".join([".".join(str(p) for p in parent), f"key {key!r}"]).removeprefix(": ")

@@ -190,6 +190,19 @@ class LossOptimizerSpec(Strict):
         return self
 
 
+class StopSpec(Strict):
+    """``search.stop``: end a fold whose trial cannot plausibly beat the incumbent
+    (:mod:`mlrc.protocol.stopping`); the trial is then pruned. ``quantile`` of the later gains
+    seen in the study's complete folds (1: the largest), ``slack``: how far (MAP@R, a fraction)
+    a fold not yet started may beat the incumbent's, ``startup``: complete trials before any
+    stop."""
+
+    rule: Literal["gain"] = "gain"
+    quantile: float = Field(1.0, gt=0, le=1)
+    slack: float = Field(0.0, ge=0, le=1)
+    startup: int = Field(2, ge=1)
+
+
 class SearchSpec(Strict):
     """The hyperparameter search: trials, sampler, seed, enqueued trials and opt-in pruning."""
 
@@ -197,10 +210,15 @@ class SearchSpec(Strict):
     sampler: Literal["gp", "tpe"] | None = None
     seed: int = Field(0, ge=0, le=2**31 - 1)  # Optuna/NumPy and faiss take 31-bit seeds
     enqueue: list[dict[str, Any]] = []
-    # Opt-in pruning (off in the reference preset): after fold k, stop a trial whose running
-    # mean of fold MAP@R is below the median of earlier trials' running means after fold k.
-    pruner: Literal["none", "median"] | None = None
+    # Opt-in pruning (off in the reference preset), between folds: ``median`` stops a trial
+    # whose running mean of fold MAP@R after fold k is below the median of the complete trials'
+    # (after ``prune_startup`` of them); ``wilcoxon`` stops one whose fold values are worse than
+    # the best trial's by a one-sided Wilcoxon signed-rank test at p < ``prune_p``.
+    pruner: Literal["none", "median", "wilcoxon"] | None = None
     prune_startup: int | None = Field(None, ge=0)  # complete trials before any pruning
+    prune_p: float | None = Field(None, gt=0, le=1)  # wilcoxon's p-threshold
+    # Opt-in, inside a fold: stop it when the trial cannot plausibly beat the incumbent
+    stop: StopSpec | None = None
 
 
 class TestSpec(Strict):

@@ -266,8 +266,12 @@ def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
     kinds = [k for k in BASELINE_KINDS if ((summary["loss"] == k) & summary["baseline"]).any()]
     if kinds:
         out.append("; ".join(BASELINE_NOTES[k] for k in kinds) + BASELINE_NOTE_END)
-    if ((summary["pruner"] != "none") & ~summary["baseline"]).any():
+    pruned = summary[(summary["pruner"] != "none") & ~summary["baseline"]]
+    if len(pruned):
         out.append(PRUNED_NOTE)
+        for study, g in pruned.groupby("study", sort=False):
+            risk = g["pruning_risk"].iloc[0]
+            out.append(f"{DDAGGER} {study}: {g['pruner'].iloc[0]}{'; ' + risk if risk else ''}")
     # (dataset, traditional) -> its blocks, when it has several protocols
     split: dict[tuple[str, bool], list[Block]] = {}
     for b in blocks:

@@ -16,6 +16,8 @@ __all__ = [
     "NONFINITE_NOTE",
     "PROTOCOL_NOTE",
     "PRUNED_NOTE",
+    "pruning_label",
+    "risk_text",
     "SECTION",
     "TRADITIONAL_NOTE",
     "TRADITIONAL_TITLE",
@@ -48,9 +50,49 @@ LEGEND_ONE_MODEL = [
     LEGEND[3],
 ]
 PRUNED_NOTE = (
-    f"{DDAGGER} searched with opt-in median pruning (search.pruner): trials below the median "
-    "after a fold were stopped early; the protocol's search prunes nothing."
+    f"{DDAGGER} searched with opt-in pruning (search.pruner) or in-fold stopping (search.stop): "
+    "trials that could no longer win were stopped early, so the search is not the protocol's, "
+    "which prunes nothing; each such study's rules and their risk measured by replay on the "
+    "committed corpus follow."
 )
+
+
+def pruning_label(config: dict | None, settings: dict | None) -> str:
+    """The study's pruning and stopping rules in words (``none`` without): as stored with its
+    measured risk, else its pruner from the configuration (studies before #25)."""
+    risk = (settings or {}).get("pruning_risk")
+    if risk:
+        return str(risk["rules"])
+    pruner = (config or {}).get("pruner") or "none"
+    startup = (config or {}).get("prune_startup", 5)
+    return f"median(startup={startup})" if pruner == "median" else pruner
+
+
+def risk_text(risk: dict | None) -> str:
+    """The measured risk of a study's rules, one phrase ("" without pruning): the replay
+    figures on the committed corpus (in-sample, and leave one study out where tuned)."""
+    if not risk:
+        return ""
+    if not risk.get("measured"):
+        return (
+            "risk not measured on the corpus (measure it with `mlrc replay --corpus "
+            "bench/corpus/FILE --pruner … --stop …`)"
+        )
+    n = risk["studies"]
+    text = (
+        f"on the corpus ({n} studies): {risk['fold_epochs_fraction']:.2f}× the fold-epochs, "
+        f"the full protocol's choice pruned in {risk['choice_pruned']} of {n}, mean regret "
+        f"{100 * risk['mean_regret']:.2f} MAP@R points"
+    )
+    loo = risk.get("leave_one_out")
+    if loo:
+        text += (
+            f"; tuned leaving each study out: {loo['fold_epochs_fraction']:.2f}×, choice pruned "
+            f"in {loo['choice_pruned']} of {n}, mean regret {100 * loo['mean_regret']:.2f} points"
+        )
+    return text
+
+
 BASELINE_NOTES = {
     "pretrained": "Pretrained: the ImageNet-pretrained trunk, untrained, on the test classes",
     "random_init": "Random init: the randomly initialised trunk (the preset trains it from "

@@ -55,9 +55,13 @@ COMPARISON_EXCLUDED: dict[str, str] = {
     "study.search.sampler": "compared as resolved (sampler)",
     "study.search.pruner": "compared as resolved (pruner)",
     "study.search.prune_startup": "compared as resolved (prune_startup)",
-    "pruner": "opt-in median pruning saves compute, like a smaller budget: its rows are marked "
-    f"{DDAGGER} with a note instead",
+    "study.search.prune_p": "compared as resolved (prune_p)",
+    "study.search.stop": "compared as resolved (stop)",
+    "pruner": "opt-in pruning saves compute, like a smaller budget: its rows are marked "
+    f"{DDAGGER} with a note (the rules and their measured risk) instead",
     "prune_startup": "part of the pruning, see pruner",
+    "prune_p": "part of the pruning, see pruner",
+    "stop": "in-fold stopping (search.stop) is part of the pruning, see pruner",
 }
 
 
@@ -79,7 +83,7 @@ def comparison_scope(config: dict | None) -> dict:
       compared as resolved, its ``seed``/``enqueue`` are unused), and the inputs of the resolved
       ``sampler``/``pruner`` in ``study.search``. A different budget within a protocol gets a
       note, not a block of its own;
-    * ``pruner``/``prune_startup``: opt-in median pruning saves compute like a smaller budget;
+    * ``pruner``/``prune_startup``/``prune_p``/``stop``: opt-in pruning saves compute like a smaller budget;
       pruned rows keep their ‡ mark and note.
 
     What is left: the dataset (name, root, params), the resolved preset (trunk, weights, image

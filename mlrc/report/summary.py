@@ -79,6 +79,7 @@ def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
         "failures": "",
         "archived": False,
         "untrained_test": False,
+        "pruning_risk": "",
     }
     for c, v in defaults.items():
         if c not in values.columns:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from mlrc.config.presets import is_traditional
+from mlrc.report.legend import pruning_label, risk_text
 from mlrc.report.scopes import (
     comparison_key,
     comparison_scope,
@@ -62,6 +63,7 @@ META_COLUMNS = [
     "untrained_test",  # every complete test fold kept epoch 0, the untrained model
     "failed_trials",  # trials failed with a reason (an error stopped them; not the scored zeros)
     "failures",  # "trial 0 failed: reason; reproduction 2, fold 0 failed: reason", or ""
+    "pruning_risk",  # the pruning rules' risk measured by replay on the corpus, or ""
 ]
 TRADITIONAL_MODE = "concatenated"  # a traditional study's one model (its aggregate row)
 EPOCH = "best_epoch"  # the epoch chosen on the test classes, in epochs (not a percentage)
@@ -274,7 +276,7 @@ def _study_rows(
                     "protocol": g.key,
                     "loss": st.loss,
                     "strategy": st.strategy,
-                    "pruner": (st.config or {}).get("pruner") or "none",
+                    "pruner": pruning_label(st.config, st.settings),
                     "reproduction": tr.reproduction,
                     "mode": tr.mode,
                     "metric": m,
@@ -328,6 +330,7 @@ def _baseline_rows(
                         "untrained_test": False,
                         "failed_trials": None,
                         "failures": "",
+                        "pruning_risk": "",
                         "_order": (*g.rank, 0, i),
                         "_metric": j,
                     }
@@ -428,6 +431,7 @@ def _study_meta(
             "test_set_selection": g.traditional,
             "archived": reads.archived_of(st.name) is not None,
             "untrained_test": _untrained(test_epochs.get(st.id)),
+            "pruning_risk": risk_text((st.settings or {}).get("pruning_risk")),
         }
         for g in groups
         for st in g.studies

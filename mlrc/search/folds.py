@@ -17,6 +17,7 @@ from mlrc.config import LOSS_LR
 from mlrc.config.identity import artifact_key, code_version, derive_seed, params_hash
 from mlrc.methods import miners, strategies
 from mlrc.search.errors import StudyError
+from mlrc.search.pruning import live_fold_stop
 from mlrc.search.retention import release_fold
 from mlrc.search.session import StudySession
 from mlrc.store import trials
@@ -84,6 +85,8 @@ def run_fold(
         ctx.tracker.epoch(job, trial_number, rec)  # MLflow/W&B, when tracked (never raises)
 
     spec = fold_spec(ctx, job, params, seed, trial_number)
+    if kind == "search" and ctx.resolved.stop is not None:  # search.stop: the rule as it stands
+        spec = dataclasses.replace(spec, stop=live_fold_stop(ctx, job.params_hash, fold))
     # folds take turns for the host's cores (torch threads and loader processes, of every
     # rank); a GPU fold does not wait, but holds its loader processes' cores so that CPU folds
     # beside it wait. K ranks share the study's threads (one each at least).

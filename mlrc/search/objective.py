@@ -18,6 +18,7 @@ from mlrc.config.identity import params_hash
 from mlrc.search import retention
 from mlrc.search.errors import INTERRUPTED, ending
 from mlrc.search.folds import run_fold
+from mlrc.search.pruning import fold_reports, pruned_reason
 from mlrc.search.session import StudySession
 from mlrc.store import trials
 from mlrc.train import FoldResult
@@ -25,6 +26,7 @@ from mlrc.train import FoldResult
 log = logging.getLogger("mlrc")
 PRUNED = "pruned"  # reasons of pruned trials start with it
 
+ShouldPrune = Callable[[int, dict[int, float]], bool]
 FoldRunner = Callable[["StudySession", dict[str, Any], int], Iterator[tuple[int, FoldResult]]]
 
 
@@ -42,14 +44,16 @@ def run_objective(
     suggested: dict[str, Any],
     on_fold: Callable[[int, float], None] | None = None,
     folds: FoldRunner = sequential_folds,
-    should_prune: Callable[[int, float], bool] | None = None,
+    should_prune: ShouldPrune | None = None,
 ) -> tuple[float | None, str | None]:
     """Train the folds of one trial; (mean val MAP@R, None), (None, failure reason), or — a fold
     whose loss or embeddings went non-finite — (0.0, reason): as in the reference harness, whose
     trial then returns (mean 0, SEM 0) to the optimiser, so the sampler learns to avoid the
     region (a FAILED trial would be ignored by GP and TPE). The trial stops at that fold.
     ``on_fold(k, running mean)`` is called as the k-th fold finishes (in completion order);
-    ``should_prune(k, running mean)`` returning True stops the trial: it is recorded as pruned
+    ``should_prune(fold, values)`` (:func:`pruning`) returning True after a fold that is not the
+    last stops the trial, and so does a fold that ``search.stop`` ended early (status "stopped",
+    its best so far told to the pruner only): it is recorded as pruned
     and ``optuna.TrialPruned`` is raised with the reason. Any other exception goes on, the
     trial and its running fold recorded first as :func:`end_on_error` says (the backend tells
     Optuna)."""
@@ -71,13 +75,18 @@ def _folds_of_trial(
     params: dict[str, Any],
     on_fold: Callable[[int, float], None] | None,
     folds: FoldRunner,
-    should_prune: Callable[[int, float], bool] | None,
+    should_prune: ShouldPrune | None,
 ) -> tuple[float | None, str | None]:
     """The body of :func:`run_objective`: the folds in turn, the trial's outcome recorded."""
     values: dict[int, float] = {}
     n_folds = len(ctx.split.folds)
     for fold, res in folds(ctx, params, number):
         ctx.tracker.fold_finished(number, fold, res)
+        if res.status == "stopped":  # search.stop: its best so far decides the pruning only
+            values[fold] = res.objective
+            if should_prune is not None:
+                should_prune(fold, values)
+            _prune(ctx, number, f"{PRUNED}: {res.reason}")
         if res.nonfinite:  # "non-finite loss at iteration i, fold f" (store.NONFINITE)
             reason = f"{res.reason}, fold {fold}"
             finish_trial(ctx, number, "complete", 0.0, 0.0, reason)
@@ -90,8 +99,9 @@ def _folds_of_trial(
         k, running = len(values), float(np.mean(list(values.values())))
         if on_fold is not None and k < n_folds:
             on_fold(k, running)
-        if should_prune is not None and k < n_folds and should_prune(k, running):
-            _prune(ctx, number, k, running)
+        if should_prune is not None and should_prune(fold, values) and k < n_folds:
+            r = ctx.resolved
+            _prune(ctx, number, pruned_reason(r.pruner, r, k, n_folds, running))
     v = [values[f] for f in sorted(values)]
     mean = float(np.mean(v))
     # one fold (the traditional preset) has no spread to speak of: no SEM, rather than NaN
@@ -125,12 +135,9 @@ def end_on_error(ctx: StudySession, number: int, params: dict[str, Any], e: Base
     return how
 
 
-def _prune(ctx: StudySession, number: int, k: int, running: float) -> None:
-    """Record trial ``number`` as pruned after ``k`` folds and raise ``optuna.TrialPruned``."""
-    reason = (
-        f"{PRUNED} after {k} of {len(ctx.split.folds)} folds: running mean "
-        f"{running:.4f} below the median of complete trials"
-    )
+def _prune(ctx: StudySession, number: int, reason: str) -> None:
+    """Record trial ``number`` as pruned (``reason`` starts with "pruned") and raise
+    ``optuna.TrialPruned``."""
     finish_trial(ctx, number, "pruned", None, None, reason)
     raise optuna.TrialPruned(reason)
 
@@ -149,13 +156,21 @@ def finish_trial(
     ctx.tracker.trial_finished(number, state, value, sem, reason)
 
 
-def pruning(ctx: StudySession, trial: optuna.Trial) -> Callable[[int, float], bool] | None:
-    """``should_prune(k, running mean)`` for :func:`run_objective`, or None when pruning is off."""
-    if ctx.resolved.pruner == "none":
+def pruning(ctx: StudySession, trial: optuna.Trial) -> ShouldPrune | None:
+    """``should_prune(fold, values)`` for :func:`run_objective` (``values``: fold → value of the
+    trial's folds done, ``fold`` the new one): reports to the trial's pruner what
+    :func:`~mlrc.search.pruning.fold_reports` says and asks it; None when pruning is off."""
+    pruner = ctx.resolved.pruner
+    if pruner == "none":
         return None
+    order: list[int] = []
 
-    def should_prune(k: int, running: float) -> bool:
-        trial.report(running, step=k)
+    def should_prune(fold: int, values: dict[int, float]) -> bool:
+        order.append(fold)
+        if pruner == "median" and len(order) >= len(ctx.split.folds):
+            return False  # median: the running means after folds 1..n−1, as before
+        for step, value in fold_reports(pruner, order, values):
+            trial.report(value, step=step)
         return trial.should_prune()
 
     return should_prune

@@ -9,7 +9,7 @@ import optuna
 from optuna.trial import TrialState
 
 from mlrc import store
-from mlrc.config import ResolvedStudy
+from mlrc.search.pruning import make_pruner
 from mlrc.search.session import StudySession
 from mlrc.search.space import sampler as make_sampler
 
@@ -32,16 +32,6 @@ def optuna_study(ctx: StudySession, storage: Any = None) -> optuna.Study:
         ctx.engine,
         "opening the Optuna study",
     )
-
-
-def make_pruner(r: ResolvedStudy) -> optuna.pruners.BasePruner:
-    """Opt-in pruning (``search.pruner: median``): after fold k, a trial whose running mean of
-    fold MAP@R is below the median of the complete trials' running means after fold k stops
-    (recorded as PRUNED); nothing is pruned before ``prune_startup`` trials are complete. The
-    folds run in the same order in every trial, so step k compares like with like."""
-    if r.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=r.prune_startup, n_warmup_steps=0)
-    return optuna.pruners.NopPruner()
 
 
 def finished(ostudy: optuna.Study) -> list[optuna.trial.FrozenTrial]:

@@ -39,6 +39,7 @@ from mlrc.search.artifacts import (
     study_folder,
 )
 from mlrc.search.errors import StudyError
+from mlrc.search.pruning import measured_risk
 from mlrc.search.retention import collect_study
 from mlrc.search.tracking import Tracker, open_tracker, study_run
 from mlrc.store import history, studies
@@ -277,6 +278,8 @@ def _register(
         "threads": threads or cpu.study_threads(),
         "file": file_settings(resolved),
     }
+    if (risk := measured_risk(resolved)) is not None:  # pruning: its replay risk travels with it
+        initial["pruning_risk"] = risk
     study_id, stored = studies.ensure_study(
         engine,
         study.name,

@@ -10,6 +10,7 @@ an ORM row. This face exports what they use; the rooms behind it:
 - the queries, one module per job, each function named for what it does:
   :mod:`~mlrc.store.studies` (register, read, archive a study; its status),
   :mod:`~mlrc.store.trials` (trials and fold runs of the search),
+  :mod:`~mlrc.store.curves` (a search's trials and validation curves, for replay and stopping),
   :mod:`~mlrc.store.results` (test results, retrieval views, the untrained baseline),
   :mod:`~mlrc.store.history` (a study's settings and their changes),
   :mod:`~mlrc.store.campaigns` (which studies a campaign holds, their progress),
@@ -33,7 +34,17 @@ SQL lives only in this package, and ORM classes and sessions stay inside it (imp
 contracts in pyproject.toml keep it so).
 """
 
-from mlrc.store import campaigns, history, provenance, reads, results, snapshot, studies, trials
+from mlrc.store import (
+    campaigns,
+    curves,
+    history,
+    provenance,
+    reads,
+    results,
+    snapshot,
+    studies,
+    trials,
+)
 from mlrc.store.engine import advisory_lock, removed_lock_file, sqlite_path
 from mlrc.store.migrate import connect, current, upgrade
 from mlrc.store.optuna_tables import optuna_storage, unbeaten_trials
@@ -47,6 +58,7 @@ from mlrc.store.reconnect import (
 )
 from mlrc.store.records import (
     BaselineRecord,
+    FoldCurve,
     FoldRunRecord,
     HistoryRecord,
     StudyProgress,
@@ -60,6 +72,7 @@ __all__ = [
     "METRIC_COLUMNS",
     "NONFINITE",
     "BaselineRecord",
+    "FoldCurve",
     "FoldRunRecord",
     "HistoryRecord",
     "StoreError",
@@ -70,6 +83,7 @@ __all__ = [
     "absolute_url",
     "advisory_lock",
     "campaigns",
+    "curves",
     "connect",
     "current",
     "db_error_line",

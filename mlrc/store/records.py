@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 __all__ = [
     "BaselineRecord",
+    "FoldCurve",
     "FoldRunRecord",
     "HistoryRecord",
     "StudyProgress",
@@ -91,6 +92,21 @@ class FoldRunRecord:
     threads: int | None
     provenance: dict[str, Any] | None
     updated: dt.datetime
+
+
+@dataclass(frozen=True)
+class FoldCurve:
+    """A search fold run and its validation curve: (epoch, value) at each validated epoch,
+    epoch 0 (the untrained model) included, epochs ascending; ``objective``: the fold's value
+    (best over trained epochs) when it completed."""
+
+    params_hash: str
+    fold: int
+    trial_number: int | None
+    status: str  # running | complete | failed | interrupted | stopped
+    reason: str | None
+    objective: float | None
+    points: tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True)

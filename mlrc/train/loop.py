@@ -345,6 +345,8 @@ def end_of_epoch(run: FoldRun, epoch: int, train_loss: float) -> FoldResult | No
         consider_best(run, rec)
         if should_stop(run, epoch) or epoch == p.max_epochs:
             return finish(run, "complete", None, epoch)
+        if (why := stop_reason(run, epoch)) is not None:
+            return finish(run, "stopped", why, epoch)
     if validated or time.monotonic() - run.saved_at >= 60 * p.checkpoint_minutes:
         save_last(run, epoch)
     return None
@@ -396,6 +398,15 @@ def consider_best(run: FoldRun, rec: EpochRecord) -> None:
 def should_stop(run: FoldRun, epoch: int) -> bool:
     """Early stopping: more than ``patience`` epochs since the best (epoch 0 counts)."""
     return epoch - run.best_epoch > run.patience
+
+
+def stop_reason(run: FoldRun, epoch: int) -> str | None:
+    """Why the search's in-fold rule (``spec.stop``, :mod:`mlrc.protocol.stopping`) ends the
+    fold at ``epoch`` with its best trained value so far, or None (no rule, or go on)."""
+    best = trained_best(run.history, run.spec.preset.selection_metric)
+    if run.spec.stop is None or best is None:
+        return None
+    return run.spec.stop.reason(epoch, best)
 
 
 def save_last(run: FoldRun, epoch: int, res: FoldResult | None = None) -> None:

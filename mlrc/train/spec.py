@@ -10,6 +10,7 @@ from typing import Any
 
 from mlrc.config import Preset
 from mlrc.data.base import ImageDataset
+from mlrc.protocol.stopping import FoldStop
 
 
 @dataclass
@@ -37,6 +38,8 @@ class FoldSpec:
     progress: bool = True
     identity: dict[str, Any] = field(default_factory=dict)  # what defines its numbers
     code_version: str | None = None
+    # in-fold stopping (search.stop): asked after each validation that does not end the fold
+    stop: FoldStop | None = None
 
 
 @dataclass
@@ -63,7 +66,7 @@ class FoldResult:
     (``provenance``: :func:`mlrc.train.numerics.provenance`, the device's name, CUDA/cuDNN/driver
     versions and TF32/deterministic settings; None for results recorded before it existed)."""
 
-    status: str  # complete | failed
+    status: str  # complete | failed | stopped (by spec.stop: its best so far, for pruning only)
     reason: str | None
     best_epoch: int | None
     best: dict[str, float] | None

@@ -478,9 +478,13 @@ def test_special_characters_are_escaped_and_still_compile(tmp_path):
     )
     _compile(tex, tmp_path)
     md = cli("report", "--storage", url, "--format", "md").stdout
-    assert "| <ins>plain ‡</ins> |" in md and "‡ searched with opt-in median pruning" in md
-    assert md.count("‡") == 2  # the pruned row and the note, not the unpruned row
+    assert "| <ins>plain ‡</ins> |" in md and "‡ searched with opt-in pruning" in md
+    # the pruned row, the note and the study's rules line, not the unpruned row
+    assert md.count("‡") == 3 and "‡ s1: median(startup=5)" in md
     csv = pd.read_csv(io.StringIO(cli("report", "--storage", url, "--format", "csv").stdout))
-    assert set(zip(csv["study"], csv["pruner"], strict=True)) == {("s0", "none"), ("s1", "median")}
+    assert set(zip(csv["study"], csv["pruner"], strict=True)) == {
+        ("s0", "none"),
+        ("s1", "median(startup=5)"),
+    }
     page = cli("report", "--storage", url, "--format", "html").stdout
     assert "a_b&amp;c%d#e + x$y{z}~^\\" in page and "set_1 &amp; 50% #2" in page

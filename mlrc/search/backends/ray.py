@@ -240,6 +240,13 @@ def run_search_ray(
     time unit is folds finished) or None (the protocol: no early stopping)."""
     if max_concurrent < 1 or cpus_per_trial <= DRIVER_CPU or gpus_per_trial < 0:
         raise StudyError("--max-concurrent ≥ 1, --cpus-per-trial > 0.01, --gpus-per-trial ≥ 0")
+    r = ctx.resolved
+    if r.pruner != "none" or r.stop is not None:  # Tune runs the trials: its schedulers prune
+        raise StudyError(
+            f"search.pruner {r.pruner}{' and search.stop' if r.stop else ''} run with the local "
+            "backend and pools (mlrc worker); with --backend ray prune with --scheduler asha or "
+            "median"
+        )
     storage = store.optuna_storage(ctx.url)  # the searcher's: Tune pickles it with the searcher
     ostudy = optuna_study(ctx, storage)
     study_id = storage.get_study_id_from_name(ctx.name)

@@ -1,0 +1,92 @@
+"""``mlrc replay``: what a finished, unpruned study would have spent and chosen under a pruner
+and an in-fold stopping rule, from its recorded curves (no training)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from mlrc.cli.options import DEFAULT_STORAGE, StorageOpt
+from mlrc.cli.terminal import console, fail, user_errors
+
+__all__ = ["replay"]
+
+
+def replay(
+    studies: Annotated[
+        list[str] | None, typer.Argument(help="finished, unpruned studies in the store")
+    ] = None,
+    pruner: Annotated[
+        str,
+        typer.Option("--pruner", help="none, median[:startup=N] or wilcoxon[:p=P] (between folds)"),
+    ] = "none",
+    stop: Annotated[
+        str,
+        typer.Option("--stop", help="none or gain[:quantile=Q,slack=S,startup=N] (inside a fold)"),
+    ] = "none",
+    storage: StorageOpt = DEFAULT_STORAGE,
+    corpus: Annotated[
+        Path | None,
+        typer.Option("--corpus", help="replay the studies of a corpus file (bench/corpus/)"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per study")] = False,
+) -> None:
+    """Replay finished, unpruned studies under a pruner and an in-fold stopping rule, without
+    training: per study, the fold-epochs spent (a fraction of the unpruned study's), whether
+    the configuration the full protocol chose is still chosen, and the regret in validation
+    MAP@R points when it is not. Exact for pruners and stop rules (the recorded trials in their
+    order, the recorded curves); what a sampler would have suggested instead of a pruned
+    trial's successors is outside it."""
+    from mlrc import store
+    from mlrc.search import replay as rp
+
+    if not studies and corpus is None:
+        fail("name at least one study, or give --corpus FILE")
+    with user_errors():
+        rules = rp.parse_rules(pruner, stop)
+        recorded = []
+        if corpus is not None:
+            if not corpus.is_file():
+                fail(f"--corpus {corpus}: no such file")
+            recorded += [s for s in rp.read_corpus(corpus)[1] if not studies or s.name in studies]
+        if studies and corpus is None:
+            engine = store.connect(storage, read_only=True)
+            recorded += [rp.recorded_study(engine, name) for name in studies]
+        results = [rp.replay(s, rules) for s in recorded]
+    if as_json:
+        for r in results:
+            console.print_json(json.dumps(r.as_json()))
+        return
+    _table(results, rules.label())
+
+
+def _table(results: list, label: str) -> None:
+    table = Table(title=f"replay: {label}")
+    cols = ("study", "fold-epochs", "× unpruned", "pruned (stopped)", "choice", "same", "regret")
+    for c in cols:
+        table.add_column(c, justify="left" if c == "study" else "right")
+    for r in results:
+        table.add_row(
+            r.study,
+            f"{r.fold_epochs} of {r.full_fold_epochs}",
+            f"{r.fold_epochs_fraction:.2f}",
+            f"{r.pruned} ({r.stopped})",
+            f"trial {r.choice} (full: {r.full_choice})",
+            "yes" if r.same_choice else "NO",
+            f"{100 * r.regret:.2f} pts",
+        )
+    console.print(table)
+    if results:
+        n = len(results)
+        same = sum(r.same_choice for r in results)
+        frac = sum(r.fold_epochs for r in results) / sum(r.full_fold_epochs for r in results)
+        mean_regret = 100 * sum(r.regret for r in results) / n
+        console.print(
+            f"{n} studies: fold-epochs {frac:.2f} × unpruned; same choice in {same} of {n}; "
+            f"mean regret {mean_regret:.2f} MAP@R points",
+            highlight=False,
+        )

@@ -1,0 +1,91 @@
+"""Stopping a fold early when its trial can no longer beat the incumbent (``search.stop: gain``).
+
+A trial's value is the mean of its fold values, v̄ = (1/n) Σ_j v_j (MLRC §1.6). While fold k
+trains, its best validation value so far b(e) (trained epochs ≤ e, the objective's rule) is a
+lower bound of its final value v_k; an upper bound is b(e) + G(e), where G(e) is the later gain
+seen at epoch e in the study's complete folds: G(e) = quantile_q over curves of
+(final value − best value up to e). The trial can still beat the incumbent I (the best complete
+trial, fold values I_j) only if
+
+    Σ_{j done} (v_j − I_j) + (b(e) + G(e) − I_k) + (folds left after k) · slack ≥ 0,
+
+i.e. with the folds it has not started assumed at most ``slack`` above the incumbent's. When the
+left-hand side is negative the fold stops: the trial is pruned, its partial best counting only
+for that decision (never as a reported value). Pure: the search layer builds a
+:class:`FoldStop` from the store (or a replay from recorded curves) and the fold trainer asks it
+after each validation. Values are validation MAP@R as fractions (similarity-free: a ranking
+metric), epochs are the preset's epochs (1 = the first trained one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Curve", "FoldStop", "Incumbent", "later_gains"]
+
+Curve = Sequence[tuple[int, float]]  # (epoch ≥ 1, validation value), epochs ascending
+
+
+@dataclass(frozen=True)
+class Incumbent:
+    """The best complete trial when a fold starts: its number, value and fold values."""
+
+    number: int
+    value: float
+    folds: Mapping[int, float]  # fold index → fold value (the objective of that fold)
+
+
+def later_gains(
+    curves: Sequence[Curve], epochs: Sequence[int], quantile: float
+) -> dict[int, float]:
+    """G(e) for each epoch e of ``epochs``: the ``quantile`` (1.0: the largest) over ``curves`` of
+    (final best − best up to e); a curve that ended before e has gained all it will (0); a curve
+    with no validation up to e is left out of G(e). Empty ``curves``: no entry."""
+    out: dict[int, float] = {}
+    for e in epochs:
+        g = [
+            max(v for _, v in c) - max(v for t, v in c if t <= e)
+            for c in curves
+            if c and c[0][0] <= e
+        ]
+        if g:
+            out[e] = float(np.quantile(g, quantile))
+    return out
+
+
+@dataclass(frozen=True)
+class FoldStop:
+    """What fold ``fold`` of a trial needs to decide, fixed when the fold starts: the values of
+    the trial's folds already done, the incumbent, the later gains G(e) and the slack per fold
+    not yet started (:mod:`module docs <mlrc.protocol.stopping>`)."""
+
+    fold: int
+    folds_left: int  # folds of the trial neither done nor this one
+    done: Mapping[int, float]  # fold index → value, folds of this trial already complete
+    incumbent: Incumbent
+    gains: Mapping[int, float]  # epoch → G(e)
+    slack: float = 0.0
+
+    def margin(self, epoch: int, best: float) -> float | None:
+        """The left-hand side of the rule at ``epoch`` with best value so far ``best``; None
+        where G(e) is unknown (no curve reached that epoch: no decision)."""
+        if epoch not in self.gains:
+            return None
+        inc = self.incumbent.folds
+        done = sum(v - inc[j] for j, v in self.done.items())
+        return done + best + self.gains[epoch] - inc[self.fold] + self.folds_left * self.slack
+
+    def reason(self, epoch: int, best: float) -> str | None:
+        """Why the fold stops at ``epoch`` (one line), or None to go on."""
+        m = self.margin(epoch, best)
+        if m is None or m >= 0:
+            return None
+        i = self.incumbent
+        return (
+            f"stopped at epoch {epoch} of fold {self.fold}: best {best:.4f} + later gain "
+            f"{self.gains[epoch]:.4f} cannot lift the trial to trial {i.number}'s "
+            f"{i.value:.4f} (search.stop)"
+        )

@@ -1,0 +1,242 @@
+"""Spending less on trials that cannot win, at two levels, by one set of rules for a live study
+and for its replay (:mod:`mlrc.search.replay`):
+
+- between folds, ``search.pruner``: ``median`` (Optuna's ``MedianPruner`` on the running mean
+  of fold values after fold k) or ``wilcoxon`` (Optuna's ``WilcoxonPruner`` on the fold values
+  against the best trial's, fold by fold, at p < ``prune_p``);
+- inside a fold, ``search.stop: gain`` (:mod:`mlrc.protocol.stopping`): the fold ends when the
+  trial cannot plausibly beat the incumbent; the trial is then pruned.
+
+Which value a pruner is told after a fold (:func:`fold_reports`) and what a fold may stop on
+(:func:`fold_stop`) are plain functions of what is known when the fold ends or starts, so a
+replay of the recorded curves in trial order takes the same decisions as the live run.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import optuna
+
+from mlrc import store
+from mlrc.config import ResolvedStudy
+from mlrc.config.schema import StopSpec
+from mlrc.protocol.stopping import Curve, FoldStop, Incumbent, later_gains
+
+__all__ = [
+    "RISK_TABLE",
+    "FoldValues",
+    "Rules",
+    "measured_risk",
+    "describe",
+    "fold_reports",
+    "fold_stop",
+    "incumbent_of",
+    "live_fold_stop",
+    "make_pruner",
+    "pruned_reason",
+    "trained_curve",
+    "validation_epochs",
+]
+
+FoldValues = Mapping[int, float]  # fold index → fold value (validation MAP@R, a fraction)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """A pruner (``none`` | ``median`` | ``wilcoxon``, with its settings) and an in-fold
+    stopping rule (None: off), as a study's ``search`` section sets them."""
+
+    pruner: str = "none"
+    prune_startup: int = 5
+    prune_p: float = 0.3
+    stop: StopSpec | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.prune_p <= 1:
+            raise ValueError(f"p must be in (0, 1] (got {self.prune_p})")
+        if self.prune_startup < 0 or int(self.prune_startup) != self.prune_startup:
+            raise ValueError(f"startup must be a whole number ≥ 0 (got {self.prune_startup})")
+
+    def label(self) -> str:
+        """``wilcoxon(p=0.3) + stop gain(q=1, slack=0, startup=2)``, for tables."""
+        parts = {"none": "no pruner", "median": f"median(startup={self.prune_startup})"}
+        out = parts.get(self.pruner, f"wilcoxon(p={self.prune_p:g})")
+        if self.stop is not None:
+            s = self.stop
+            out += f" + stop gain(q={s.quantile:g}, slack={s.slack:g}, startup={s.startup})"
+        return out
+
+    @classmethod
+    def of(cls, r: ResolvedStudy) -> Rules:
+        """The rules a resolved study searches with."""
+        return cls(r.pruner, r.prune_startup, r.prune_p, r.stop)
+
+
+RISK_TABLE = "pruning_risk.json"  # in mlrc/resources, written by bench/pruning.py
+
+
+def measured_risk(r: ResolvedStudy) -> dict[str, Any] | None:
+    """The replay figures of the study's rules on the committed corpus (``bench/corpus/``, via
+    ``mlrc/resources/pruning_risk.json``): ``rules``, ``measured`` and, when measured,
+    ``studies``, ``fold_epochs_fraction``, ``choice_pruned`` (studies whose full-protocol choice
+    is pruned), ``mean_regret`` (a fraction) and the leave-one-out figures; None without
+    pruning or stopping. Stored with the study when it is created."""
+    if r.pruner == "none" and r.stop is None:
+        return None
+    label = Rules.of(r).label()
+    table = json.loads(resources.files("mlrc.resources").joinpath(RISK_TABLE).read_text())
+    entry = table["rules"].get(label)
+    return {
+        "rules": label,
+        "measured": entry is not None,
+        "corpus": table["corpus"],
+        **(entry or {}),
+    }
+
+
+def make_pruner(r: ResolvedStudy | Rules) -> optuna.pruners.BasePruner:
+    """The study's between-fold pruner. ``median``: after fold k, a trial whose running mean of
+    fold values is below the median of the complete trials' running means after fold k stops;
+    nothing is pruned before ``prune_startup`` complete trials. ``wilcoxon``: a trial whose fold
+    values are worse than the best complete trial's on the same folds by a one-sided Wilcoxon
+    signed-rank test at p < ``prune_p`` stops (after 2 folds at the earliest; with 4 folds the
+    smallest p is 0.25 after 2 folds and 0.125 after 3, so Optuna's default 0.1 never prunes)."""
+    if r.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=r.prune_startup, n_warmup_steps=0)
+    if r.pruner == "wilcoxon":
+        with warnings.catch_warnings():  # experimental since Optuna 3.6: we pin the version
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.pruners.WilcoxonPruner(p_threshold=r.prune_p, n_startup_steps=2)
+    return optuna.pruners.NopPruner()
+
+
+def fold_reports(pruner: str, order: Sequence[int], values: FoldValues) -> list[tuple[int, float]]:
+    """What the trial reports to its pruner once ``values`` (fold → value) are known, the last
+    of ``order`` (the folds in the order they finished) being new: ``median``, the running mean
+    at step k = folds done, for k below the number of folds; ``wilcoxon``, the new fold's value
+    at step = its index (every fold, the last included: the best trial must have them all)."""
+    n = len(order)
+    if pruner == "median":
+        return [(n, float(np.mean([values[f] for f in order])))]
+    if pruner == "wilcoxon":
+        return [(order[-1], values[order[-1]])]
+    return []
+
+
+def pruned_reason(pruner: str, r: ResolvedStudy, k: int, n_folds: int, running: float) -> str:
+    """The reason of a trial pruned after ``k`` of ``n_folds`` folds (starts with "pruned")."""
+    if pruner == "wilcoxon":
+        why = f"fold values worse than the best trial's (Wilcoxon, p < {r.prune_p:g})"
+    else:
+        why = "running mean below the median of complete trials"
+    return f"pruned after {k} of {n_folds} folds: running mean {running:.4f}, {why}"
+
+
+def fold_stop(
+    spec: StopSpec | None,
+    fold: int,
+    n_folds: int,
+    done: FoldValues,
+    incumbent: Incumbent | None,
+    complete_trials: int,
+    curves: Sequence[Curve],
+    epochs: Sequence[int],
+) -> FoldStop | None:
+    """The in-fold stopping rule for ``fold`` of a trial when it starts, or None (no rule, fewer
+    than ``spec.startup`` complete trials, no incumbent, no complete fold curve yet). ``done``:
+    the trial's folds already complete; ``curves``: the study's complete search folds, trained
+    epochs only; ``epochs``: the epochs at which the fold validates."""
+    if spec is None or incumbent is None or complete_trials < spec.startup or not curves:
+        return None
+    return FoldStop(
+        fold=fold,
+        folds_left=n_folds - len(done) - 1,
+        done=dict(done),
+        incumbent=incumbent,
+        gains=later_gains(curves, epochs, spec.quantile),
+        slack=spec.slack,
+    )
+
+
+def validation_epochs(r: ResolvedStudy, dataset: str) -> list[int]:
+    """The trained epochs at which a fold of study ``r`` validates (every ``validate_every``
+    and the last)."""
+    p = r.preset
+    every, last = p.per_dataset("validate_every", dataset), p.max_epochs
+    return sorted({*range(every, last + 1, every), last})
+
+
+def trained_curve(points: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
+    """A stored curve's trained epochs (≥ 1), the objective's points."""
+    return [(e, v) for e, v in points if e >= 1]
+
+
+def describe(r: ResolvedStudy) -> dict[str, Any]:
+    """The study's pruning and stopping settings as a plain dict (what is stored and shown)."""
+    out: dict[str, Any] = {"pruner": r.pruner}
+    if r.pruner == "median":
+        out["prune_startup"] = r.prune_startup
+    if r.pruner == "wilcoxon":
+        out["prune_p"] = r.prune_p
+    if r.stop is not None:
+        out["stop"] = r.stop.model_dump()
+    return out
+
+
+def incumbent_of(
+    trials: Sequence[tuple[int, str, float | None]], folds: Mapping[int, FoldValues]
+) -> Incumbent | None:
+    """The best complete trial (highest value, the first on a tie, as Optuna's ``best_trial``)
+    of ``trials`` (number, params hash, value of the complete ones), with its fold values from
+    ``folds`` (params hash → fold values); None before any, or when its folds are not all
+    known."""
+    if not trials:
+        return None
+    number, key, value = max(trials, key=lambda t: (t[2], -t[0]))
+    if key not in folds or value is None:
+        return None
+    return Incumbent(number, value, dict(folds[key]))
+
+
+def live_fold_stop(ctx: Any, params_hash: str, fold: int) -> FoldStop | None:
+    """:func:`fold_stop` for a search fold about to start, from the store: the complete trials,
+    the incumbent and the complete fold curves as they are now (``ctx``: a
+    :class:`~mlrc.search.session.StudySession`)."""
+    r: ResolvedStudy = ctx.resolved
+    if r.stop is None:
+        return None
+    rows = store.curves.study_trials(ctx.engine, ctx.study_id)
+    complete = [
+        (t.number, t.params_hash, t.value)
+        for t in rows
+        if t.state == "complete" and t.value is not None
+    ]
+    if len(complete) < r.stop.startup:
+        return None
+    curves = [
+        c
+        for c in store.curves.search_curves(ctx.engine, ctx.study_id, r.preset.selection_metric)
+        if c.status == "complete"
+    ]
+    by_hash: dict[str, dict[int, float]] = {}
+    for c in curves:
+        by_hash.setdefault(c.params_hash, {})[c.fold] = c.objective
+    n_folds = len(ctx.split.folds)
+    full = {k: v for k, v in by_hash.items() if len(v) == n_folds}
+    return fold_stop(
+        r.stop,
+        fold,
+        n_folds,
+        by_hash.get(params_hash, {}),
+        incumbent_of(complete, full),
+        len(complete),
+        [trained_curve(c.points) for c in curves],
+        validation_epochs(r, r.study.dataset.name),
+    )
