@@ -312,8 +312,9 @@ def write_corpus(studies: Sequence[RecordedStudy], path: Path, about: dict[str, 
     doc = {"about": about, "studies": [asdict(s) for s in studies]}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9, mtime=0) as fh:
-        json.dump(doc, fh, separators=(",", ":"), sort_keys=True)
+    data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as fh:
+        fh.write(data)  # mtime 0: the same corpus gives the same bytes
     tmp.replace(path)
     return path
 

@@ -1,0 +1,216 @@
+"""Replay (``mlrc replay``) against a live pruned run of the same study, and the in-fold
+stopping rule against its formula computed by hand.
+
+The live-vs-replay test trains for real (glyphs, a tiny cpu preset): an unpruned study first;
+then the same trials (enqueued in the same order, so the same parameters, fold seeds and
+curves) searched live with a pruner and ``search.stop``. Replaying the unpruned study under the
+same rules must take the same decision for every trial, spend the same fold-epochs and stop the
+same folds at the same epochs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from typer.testing import CliRunner
+
+from mlrc import search as S
+from mlrc import store
+from mlrc.cli import app
+from mlrc.config import load_study
+from mlrc.config.schema import StopSpec
+from mlrc.protocol.stopping import FoldStop, Incumbent, later_gains
+from mlrc.search import replay as rp
+from mlrc.search.errors import StudyError
+from mlrc.search.pruning import Rules
+
+runner = CliRunner()
+TRIALS = 7
+OVERRIDES = {"max_epochs": 5, "iterations_per_epoch": 2, "patience": {"default": 1}, "folds": 3}
+RULES = {
+    "pruner": "median",
+    "prune_startup": 2,
+    "stop": {"quantile": 0.5, "slack": 0.0, "startup": 1},
+}
+
+
+def _study_file(tmp_path, name: str, search: dict) -> object:
+    doc = {
+        "name": name,
+        "dataset": {"name": "glyphs"},
+        "preset": "cpu",
+        "loss": {"name": "contrastive"},
+        "search": {"trials": TRIALS, "sampler": "tpe", "seed": 3, **search},
+        "overrides": OVERRIDES,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_study(path)
+
+
+def _run(tmp_path, name: str, url: str, search: dict) -> None:
+    with S.open_study(
+        _study_file(tmp_path, name, search), url, tmp_path / "art", progress=False
+    ) as ctx:
+        S.run_search(ctx)
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("replay")
+    url = f"sqlite:///{tmp / 'replay.db'}"
+    _run(tmp, "full", url, {})
+    engine = store.connect(url)
+    full = rp.recorded_study(engine, "full")
+    enqueue = [t.params for t in full.trials]  # the same trials, in the same order
+    _run(tmp, "live", url, {**RULES, "enqueue": enqueue})
+    return engine, full
+
+
+def test_replay_takes_the_live_runs_decisions(studies):
+    engine, full = studies
+    sid = store.studies.study_named(engine, "live").id
+    live = {t.number: t for t in store.curves.study_trials(engine, sid)}
+    curves = store.curves.search_curves(engine, sid)
+    res = rp.replay(full, Rules("median", 2, stop=StopSpec(**RULES["stop"])))
+    assert res.decisions == {n: t.state for n, t in live.items()}
+    assert res.pruned >= 1 and res.stopped >= 1  # the rules did something in this study
+    assert res.fold_epochs == sum(max(e for e, _ in c.points) for c in curves)
+    assert res.fold_epochs < res.full_fold_epochs
+    stopped = sorted(
+        (c.params_hash, c.fold, max(e for e, _ in c.points))
+        for c in curves
+        if c.status == "stopped"
+    )
+    assert len(stopped) == res.stopped
+    # a pruned trial's reason says why; a stopped fold's says where
+    reasons = [t.reason for t in live.values() if t.state == "pruned"]
+    assert all(r.startswith("pruned") for r in reasons)
+    assert any("stopped at epoch" in r and "search.stop" in r for r in reasons)
+    # the choice: the best complete trial of the live run
+    done = [(t.value, -t.number) for t in live.values() if t.state == "complete"]
+    assert res.choice == -max(done)[1]
+
+
+def test_no_rules_spend_everything_and_choose_the_full_choice(studies):
+    _, full = studies
+    res = rp.replay(full, Rules())
+    assert res.fold_epochs == res.full_fold_epochs and res.pruned == 0
+    assert res.same_choice and res.regret == 0.0
+    best = max(full.trials, key=lambda t: (t.value, -t.number))
+    assert res.full_choice == best.number
+
+
+def test_corpus_file_round_trip(studies, tmp_path):
+    _, full = studies
+    path = rp.write_corpus([full], tmp_path / "c.json.gz", {"machine": "here"})
+    about, back = rp.read_corpus(path)
+    assert about == {"machine": "here"} and back == [full]
+    rules = Rules("wilcoxon", prune_p=0.3, stop=StopSpec(quantile=0.5))
+    assert rp.replay(back[0], rules) == rp.replay(full, rules)
+
+
+def cli(*args: object, code: int = 0):
+    r = runner.invoke(app, [str(a) for a in args])
+    assert r.exit_code == code, r.output
+    return r
+
+
+def test_replay_refuses_pruned_and_unfinished_studies(studies):
+    engine, _ = studies
+    with pytest.raises(StudyError, match="searched with pruning.*replay needs an unpruned study"):
+        rp.recorded_study(engine, "live")
+    with pytest.raises(StudyError, match="no study named 'nope'"):
+        rp.recorded_study(engine, "nope")
+    url = str(engine.url)
+    out = cli("replay", "live", "--storage", url, "--pruner", "median", code=2)
+    assert out.output.count("\n") == 1 and "replay needs an unpruned study" in out.output
+    out = cli(
+        "replay",
+        "full",
+        "--storage",
+        url,
+        "--pruner",
+        "median",
+        "--stop",
+        "gain:quantile=0.5",
+        "--json",
+    )
+    doc = json.loads(out.stdout)
+    assert {"study", "fold_epochs_fraction", "same_choice", "regret"} <= set(doc)
+    assert doc["study"] == "full" and 0 < doc["fold_epochs_fraction"] <= 1
+
+
+def test_unfinished_study_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path / 'u.db'}"
+    resolved = _study_file(tmp_path, "half", {"trials": 2})
+    with S.open_study(resolved, url, tmp_path / "art", progress=False) as ctx:
+        S.run_search(ctx)
+    engine = store.connect(url)
+    grown = _study_file(tmp_path, "half", {"trials": 3})
+    with S.open_study(grown, url, tmp_path / "art", progress=False):
+        pass  # the budget grows to 3: two trials done
+    with pytest.raises(StudyError, match=r"not finished \(2 of 3 trials done\)"):
+        rp.recorded_study(engine, "half")
+
+
+@pytest.mark.parametrize(
+    ("pruner", "stop", "message"),
+    [
+        ("medain", None, "unknown pruner 'medain'; did you mean 'median'?"),
+        ("median:p=0.1", None, "median has no setting 'p'"),
+        ("wilcoxon:p=2", None, "p must be in (0, 1]"),
+        ("wilcoxon:p=x", None, "p: not a number ('x')"),
+        ("none", "gain:quantile=0", "quantile: Input should be greater than 0"),
+        ("none", "gain:slak=1", "slak"),
+        ("none", "gain:quantile", "expected NAME:key=value"),
+        ("none", "gian", "rule"),
+    ],
+)
+def test_bad_rule_specs_are_one_line(pruner, stop, message):
+    with pytest.raises(StudyError) as e:
+        rp.parse_rules(pruner, stop)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+# --- the stopping rule, against a hand computation ------------------------------------------
+
+
+def _naive_gain(curves, e, q):
+    gains = []
+    for c in curves:
+        upto = [v for t, v in c if t <= e]
+        if upto:
+            gains.append(max(v for _, v in c) - max(upto))
+    return None if not gains else float(np.quantile(gains, q))
+
+
+def test_later_gains_match_a_naive_loop():
+    rng = np.random.default_rng(0)
+    curves = []
+    for _ in range(30):
+        n = int(rng.integers(1, 9))
+        start = int(rng.integers(1, 3))
+        curves.append([(start + i, float(v)) for i, v in enumerate(rng.random(n))])
+    for q in (0.5, 0.9, 1.0):
+        g = later_gains(curves, range(1, 12), q)
+        for e in range(1, 12):
+            want = _naive_gain(curves, e, q)
+            assert (
+                (e not in g) if want is None else math.isclose(g[e], want, rel_tol=0, abs_tol=1e-15)
+            )
+
+
+def test_fold_stop_is_the_papers_bound():
+    inc = Incumbent(4, 0.5, {0: 0.4, 1: 0.6, 2: 0.5})
+    stop = FoldStop(
+        fold=1, folds_left=1, done={0: 0.45}, incumbent=inc, gains={3: 0.05}, slack=0.02
+    )
+    # (0.45 − 0.4) + (b + 0.05 − 0.6) + 1·0.02 < 0  ⇔  b < 0.48
+    assert stop.reason(3, 0.479) is not None and stop.reason(3, 0.481) is None
+    assert stop.reason(2, 0.0) is None  # no later gain known at epoch 2: no decision
+    assert "stopped at epoch 3 of fold 1" in stop.reason(3, 0.2)
