@@ -194,13 +194,15 @@ class StopSpec(Strict):
     """``search.stop``: end a fold whose trial cannot plausibly beat the incumbent
     (:mod:`mlrc.protocol.stopping`); the trial is then pruned. ``quantile`` of the later gains
     seen in the study's complete folds (1: the largest), ``slack``: how far (MAP@R, a fraction)
-    a fold not yet started may beat the incumbent's, ``startup``: complete trials before any
-    stop."""
+    a fold not yet started may beat the incumbent's (``future: incumbent``) or the best value
+    any trial reached on it (``future: best``), ``startup``: complete trials before any stop."""
 
     rule: Literal["gain"] = "gain"
     quantile: float = Field(1.0, gt=0, le=1)
     slack: float = Field(0.0, ge=0, le=1)
     startup: int = Field(2, ge=1)
+    # a fold not started may reach the incumbent's value on it, or the best any trial reached
+    future: Literal["incumbent", "best"] = "incumbent"
 
 
 class SearchSpec(Strict):

@@ -7,9 +7,11 @@ seen at epoch e in the study's complete folds: G(e) = quantile_q over curves of
 (final value − best value up to e). The trial can still beat the incumbent I (the best complete
 trial, fold values I_j) only if
 
-    Σ_{j done} (v_j − I_j) + (b(e) + G(e) − I_k) + (folds left after k) · slack ≥ 0,
+    Σ_{j done} (v_j − I_j) + (b(e) + G(e) − I_k) + Σ_{j not started} (A_j − I_j) ≥ 0,
 
-i.e. with the folds it has not started assumed at most ``slack`` above the incumbent's. When the
+with A_j, what a fold not started may reach, the incumbent's I_j + ``slack`` (``future:
+incumbent``) or the best value any complete trial reached on fold j + ``slack`` (``future:
+best``, never below I_j + ``slack``). When the
 left-hand side is negative the fold stops: the trial is pruned, its partial best counting only
 for that decision (never as a reported value). Pure: the search layer builds a
 :class:`FoldStop` from the store (or a replay from recorded curves) and the fold trainer asks it
@@ -59,15 +61,14 @@ def later_gains(
 @dataclass(frozen=True)
 class FoldStop:
     """What fold ``fold`` of a trial needs to decide, fixed when the fold starts: the values of
-    the trial's folds already done, the incumbent, the later gains G(e) and the slack per fold
-    not yet started (:mod:`module docs <mlrc.protocol.stopping>`)."""
+    the trial's folds already done, the incumbent, the later gains G(e) and what the folds not
+    yet started may add (:mod:`module docs <mlrc.protocol.stopping>`)."""
 
     fold: int
-    folds_left: int  # folds of the trial neither done nor this one
+    ahead: float  # Σ over the folds not started of (A_j − I_j), see the module docstring
     done: Mapping[int, float]  # fold index → value, folds of this trial already complete
     incumbent: Incumbent
     gains: Mapping[int, float]  # epoch → G(e)
-    slack: float = 0.0
 
     def margin(self, epoch: int, best: float) -> float | None:
         """The left-hand side of the rule at ``epoch`` with best value so far ``best``; None
@@ -76,7 +77,7 @@ class FoldStop:
             return None
         inc = self.incumbent.folds
         done = sum(v - inc[j] for j, v in self.done.items())
-        return done + best + self.gains[epoch] - inc[self.fold] + self.folds_left * self.slack
+        return done + best + self.gains[epoch] - inc[self.fold] + self.ahead
 
     def reason(self, epoch: int, best: float) -> str | None:
         """Why the fold stops at ``epoch`` (one line), or None to go on."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -32,6 +32,7 @@ from mlrc.protocol.stopping import Curve, FoldStop, Incumbent, later_gains
 __all__ = [
     "RISK_TABLE",
     "FoldValues",
+    "best_fold_values",
     "Rules",
     "measured_risk",
     "describe",
@@ -70,7 +71,8 @@ class Rules:
         out = parts.get(self.pruner, f"wilcoxon(p={self.prune_p:g})")
         if self.stop is not None:
             s = self.stop
-            out += f" + stop gain(q={s.quantile:g}, slack={s.slack:g}, startup={s.startup})"
+            future = ", future=best" if s.future == "best" else ""
+            out += f" + stop gain(q={s.quantile:g}, slack={s.slack:g}, startup={s.startup}{future})"
         return out
 
     @classmethod
@@ -148,20 +150,27 @@ def fold_stop(
     complete_trials: int,
     curves: Sequence[Curve],
     epochs: Sequence[int],
+    best_folds: FoldValues | None = None,
 ) -> FoldStop | None:
     """The in-fold stopping rule for ``fold`` of a trial when it starts, or None (no rule, fewer
     than ``spec.startup`` complete trials, no incumbent, no complete fold curve yet). ``done``:
     the trial's folds already complete; ``curves``: the study's complete search folds, trained
-    epochs only; ``epochs``: the epochs at which the fold validates."""
+    epochs only; ``epochs``: the epochs at which the fold validates; ``best_folds``: fold → the
+    best value of the study's complete folds (``future: best``)."""
     if spec is None or incumbent is None or complete_trials < spec.startup or not curves:
         return None
+    inc, best_folds = incumbent.folds, best_folds or {}
+    later = [j for j in range(n_folds) if j != fold and j not in done]
+    if spec.future == "best":
+        ahead = sum(max(best_folds.get(j, inc[j]), inc[j]) - inc[j] for j in later)
+    else:
+        ahead = 0.0
     return FoldStop(
         fold=fold,
-        folds_left=n_folds - len(done) - 1,
+        ahead=ahead + len(later) * spec.slack,
         done=dict(done),
         incumbent=incumbent,
         gains=later_gains(curves, epochs, spec.quantile),
-        slack=spec.slack,
     )
 
 
@@ -239,4 +248,14 @@ def live_fold_stop(ctx: Any, params_hash: str, fold: int) -> FoldStop | None:
         len(complete),
         [trained_curve(c.points) for c in curves],
         validation_epochs(r, r.study.dataset.name),
+        best_fold_values(by_hash.values()),
     )
+
+
+def best_fold_values(folds: Iterable[FoldValues]) -> dict[int, float]:
+    """Fold → the best value among ``folds`` (each a trial's fold → value)."""
+    out: dict[int, float] = {}
+    for values in folds:
+        for j, v in values.items():
+            out[j] = max(out.get(j, v), v)
+    return out

@@ -26,7 +26,14 @@ from mlrc.config.load import did_you_mean
 from mlrc.config.schema import StopSpec
 from mlrc.protocol.stopping import Curve, Incumbent
 from mlrc.search.errors import StudyError
-from mlrc.search.pruning import Rules, fold_reports, fold_stop, incumbent_of, make_pruner
+from mlrc.search.pruning import (
+    Rules,
+    best_fold_values,
+    fold_reports,
+    fold_stop,
+    incumbent_of,
+    make_pruner,
+)
 
 __all__ = [
     "RecordedFold",
@@ -187,6 +194,7 @@ def _replay_trial(
             len(state.complete),
             state.curves,
             study.epochs,
+            best_fold_values(state.folds.values()),
         )
         at, stopped_best = _walk(f, stop)
         if (t.params_hash, f.fold) not in state.trained:  # a repeated set reuses its folds

@@ -15,7 +15,6 @@ import math
 import numpy as np
 import pytest
 import yaml
-
 from typer.testing import CliRunner
 
 from mlrc import search as S
@@ -207,9 +206,7 @@ def test_later_gains_match_a_naive_loop():
 
 def test_fold_stop_is_the_papers_bound():
     inc = Incumbent(4, 0.5, {0: 0.4, 1: 0.6, 2: 0.5})
-    stop = FoldStop(
-        fold=1, folds_left=1, done={0: 0.45}, incumbent=inc, gains={3: 0.05}, slack=0.02
-    )
+    stop = FoldStop(fold=1, ahead=1 * 0.02, done={0: 0.45}, incumbent=inc, gains={3: 0.05})
     # (0.45 − 0.4) + (b + 0.05 − 0.6) + 1·0.02 < 0  ⇔  b < 0.48
     assert stop.reason(3, 0.479) is not None and stop.reason(3, 0.481) is None
     assert stop.reason(2, 0.0) is None  # no later gain known at epoch 2: no decision

@@ -1,0 +1,216 @@
+"""The pruning corpus and the rules tuned on it (issue #25).
+
+    .venv/bin/python bench/pruning.py corpus [--trials 20] [--storage URL] [--dataset ZIP]
+    .venv/bin/python bench/pruning.py tune [--corpus bench/corpus/cpu-omniglot-glyphs.json.gz]
+
+``corpus`` runs complete, unpruned cpu-preset studies — losses contrastive, multi_similarity
+and ntxent × datasets Omniglot (the subset zip, $MLRC_OMNIGLOT_ZIP or --dataset) and glyphs
+(built in), ``--trials`` each (GP sampler, seed 0, one thread per fold, two studies at a time)
+— into one SQLite store (``--storage`` to reuse one), then writes their curves to
+``bench/corpus/cpu-omniglot-glyphs.json.gz`` (:func:`mlrc.search.replay.write_corpus`) with the
+machine, the date, the git commit and this command.
+
+``tune`` replays the corpus under a grid of rules (pruner none | median | wilcoxon, × in-fold
+stop off | gain with quantile, slack and startup), and for each rule reports the fold-epochs
+spent (a fraction of the unpruned studies', pooled), the studies whose full-protocol choice is
+pruned, and the mean regret (validation MAP@R points). The recommended rule is the cheapest
+whose choice is never pruned and whose mean regret is ≤ 0.2 points; it is also checked
+leaving one study out: the rule is picked on the other studies and replayed on the one left
+out, for each study in turn. Writes ``bench/results/pruning.csv``,
+``mlrc/resources/pruning_risk.json`` (the measured risk a study stores with itself) and a
+markdown table on stdout (docs/guide/performance.md quotes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import BENCH, machine, write_csv  # noqa: E402
+
+from mlrc import store  # noqa: E402
+from mlrc.config.schema import StopSpec  # noqa: E402
+from mlrc.search import replay as rp  # noqa: E402
+from mlrc.search.pruning import RISK_TABLE, Rules  # noqa: E402
+
+CORPUS = BENCH / "corpus" / "cpu-omniglot-glyphs.json.gz"
+LOSSES = ("contrastive", "multi_similarity", "ntxent")
+GOAL_FRACTION, GOAL_REGRET = 0.3, 0.002  # issue #25: ≤ 0.3 × fold-epochs, regret ≤ 0.2 points
+
+
+def study_docs(trials: int, dataset: Path | None) -> list[dict]:
+    omniglot = {"name": "omniglot", **({"root": str(dataset)} if dataset else {})}
+    return [
+        {
+            "name": f"corpus-{loss}-{name}",
+            "dataset": ds,
+            "preset": "cpu",
+            "loss": {"name": loss},
+            "search": {"trials": trials, "sampler": "gp", "seed": 0},
+        }
+        for name, ds in (("omniglot", omniglot), ("glyphs", {"name": "glyphs"}))
+        for loss in LOSSES
+    ]
+
+
+def run_corpus(a: argparse.Namespace) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="mlrc-corpus-"))
+    url = a.storage or f"sqlite:///{tmp / 'corpus.db'}"
+    docs = study_docs(a.trials, a.dataset)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    queue, running = list(docs), []
+    while queue or running:  # two studies at a time, one thread each
+        while queue and len(running) < 2:
+            doc = queue.pop(0)
+            path = tmp / f"{doc['name']}.yaml"
+            path.write_text(yaml.safe_dump(doc))
+            cmd = [sys.executable, "-m", "mlrc.cli", "study", "run", str(path), "--storage", url]
+            cmd += ["--artifacts", str(tmp / "art"), "--quiet", "--threads", "1"]
+            running.append((doc["name"], subprocess.Popen(cmd, env=env)))
+        for name, p in list(running):
+            if p.poll() is not None:
+                if p.returncode != 0:
+                    raise SystemExit(f"{name} failed (exit {p.returncode})")
+                running.remove((name, p))
+        time.sleep(2)
+    engine = store.connect(url)
+    studies = [rp.recorded_study(engine, d["name"]) for d in docs]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    about = {
+        "made_by": "bench/pruning.py corpus " + " ".join(sys.argv[2:]),
+        "machine": machine(),
+        "date": dt.date.today().isoformat(),
+        "commit": commit.stdout.strip(),
+        "preset": "cpu",
+        "trials": a.trials,
+    }
+    print(f"wrote {rp.write_corpus(studies, a.out, about)} ({len(studies)} studies)")
+
+
+def grid() -> list[Rules]:
+    pruners = [Rules(), Rules("median", 5), Rules("wilcoxon", prune_p=0.3)]
+    stops = [None] + [
+        StopSpec(quantile=q, slack=s, startup=n, future=f)
+        for q, s, n, f in itertools.product(
+            (0.5, 0.75, 0.9, 1.0), (0.0, 0.02, 0.05), (1, 2, 3), ("incumbent", "best")
+        )
+    ]
+    return [Rules(p.pruner, p.prune_startup, p.prune_p, stop) for p in pruners for stop in stops]
+
+
+def figures(results: list[rp.ReplayResult]) -> dict:
+    """Pooled figures of one rule over studies (regret as a fraction)."""
+    spent = sum(r.fold_epochs for r in results)
+    full = sum(r.full_fold_epochs for r in results)
+    return {
+        "studies": len(results),
+        "fold_epochs_fraction": spent / full,
+        "choice_pruned": sum(not r.same_choice for r in results),
+        "mean_regret": sum(r.regret for r in results) / len(results),
+    }
+
+
+def acceptable(f: dict) -> bool:
+    return f["choice_pruned"] == 0 and f["mean_regret"] <= GOAL_REGRET
+
+
+def pick(table: dict[str, dict]) -> str | None:
+    """The cheapest acceptable rule of ``table`` (label → figures); ties: the first."""
+    ok = [(f["fold_epochs_fraction"], i, label) for i, (label, f) in enumerate(table.items()) if acceptable(f)]
+    return min(ok)[2] if ok else None
+
+
+def tune(a: argparse.Namespace) -> None:
+    about, studies = rp.read_corpus(a.corpus)
+    rules = grid()
+    replays = {r.label(): {s.name: rp.replay(s, r) for s in studies} for r in rules}
+    table = {label: figures(list(by.values())) for label, by in replays.items()}
+    best = pick(table)
+    loo = leave_one_out(replays, [s.name for s in studies])
+    rows = [{"rules": label, **f, "recommended": label == best} for label, f in table.items()]
+    df = pd.DataFrame(rows)
+    print(f"wrote {write_csv(df, 'pruning')}")
+    risk = {
+        "corpus": f"bench/corpus/{a.corpus.name}",
+        "about": about,
+        "rules": {label: f for label, f in table.items()},
+        "recommended": best,
+    }
+    if best is not None:
+        risk["rules"][best] = {**table[best], "leave_one_out": loo}
+    for label, f in table.items():  # every rule: its figures, the tuned one with its LOO too
+        risk["rules"][label] = risk["rules"].get(label, f)
+    out = Path(__file__).resolve().parent.parent / "mlrc" / "resources" / RISK_TABLE
+    out.write_text(json.dumps(risk, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {out}")
+    show(df, best, loo, about, studies, replays)
+
+
+def leave_one_out(replays: dict[str, dict[str, rp.ReplayResult]], names: list[str]) -> dict:
+    """The tuning checked on studies it did not see: for each study, the rule picked on the
+    others, replayed on it; pooled like :func:`figures`, with each pick."""
+    held: list[rp.ReplayResult] = []
+    picks = {}
+    for name in names:
+        others = {label: figures([r for n, r in by.items() if n != name]) for label, by in replays.items()}
+        label = pick(others) or Rules().label()
+        picks[name] = label
+        held.append(replays[label][name])
+    return {**figures(held), "picks": picks}
+
+
+def show(df, best, loo, about, studies, replays) -> None:
+    print(f"\ncorpus: {len(studies)} studies, {about.get('machine')}, {about.get('date')}")
+    cols = ["rules", "fold_epochs_fraction", "choice_pruned", "mean_regret"]
+    top = df[df["rules"].isin([Rules().label(), Rules("median", 5).label(), Rules("wilcoxon", prune_p=0.3).label()])]
+    ok = df[df.apply(lambda r: acceptable(r.to_dict()), axis=1)].nsmallest(8, "fold_epochs_fraction")
+    for title, part in (("pruners alone", top), ("cheapest acceptable rules", ok)):
+        print(f"\n{title}:\n")
+        print("| rules | fold-epochs × unpruned | choice pruned | mean regret (MAP@R points) |")
+        print("|---|--:|--:|--:|")
+        for r in part[cols].to_dict("records"):
+            print(
+                f"| {r['rules']} | {r['fold_epochs_fraction']:.2f} | {r['choice_pruned']} of "
+                f"{len(studies)} | {100 * r['mean_regret']:.2f} |"
+            )
+    if best is not None:
+        print(f"\nrecommended: {best}")
+        print("\nper study:\n\n| study | fold-epochs × unpruned | same choice | regret (points) |")
+        print("|---|--:|:-:|--:|")
+        for name, r in replays[best].items():
+            print(f"| {name} | {r.fold_epochs_fraction:.2f} | {'yes' if r.same_choice else 'no'} | {100 * r.regret:.2f} |")
+        print(
+            f"\nleave one study out: {loo['fold_epochs_fraction']:.2f}× fold-epochs, choice "
+            f"pruned in {loo['choice_pruned']} of {loo['studies']}, mean regret "
+            f"{100 * loo['mean_regret']:.2f} points; picks: {json.dumps(loo['picks'])}"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("corpus", help="run the corpus studies and write the corpus file")
+    c.add_argument("--trials", type=int, default=20)
+    c.add_argument("--storage", default=None, help="a store to run in (or reuse)")
+    c.add_argument("--dataset", type=Path, default=os.environ.get("MLRC_OMNIGLOT_ZIP") or None)
+    c.add_argument("--out", type=Path, default=CORPUS)
+    t = sub.add_parser("tune", help="replay the corpus under a grid of rules")
+    t.add_argument("--corpus", type=Path, default=CORPUS)
+    a = ap.parse_args()
+    run_corpus(a) if a.cmd == "corpus" else tune(a)
+
+
+if __name__ == "__main__":
+    main()
