@@ -54,13 +54,15 @@ def _row(p: StudyPlan, src: _Sources, target: bool) -> list[str]:
     """The table's row of one study (its epochs marked with the sources of the epochs per
     search and test fold)."""
     per, e = p.seconds_per_epoch, p.epochs_per_fold
-    epochs_src = src.mark(e["search"]) + src.mark(e["test"]).replace(" ", "", 1)
+    marks = dict.fromkeys(src.mark(e[k]).strip() for k in ("search", "test"))
+    epochs_src = " " + "".join(marks)
+    at_most = _at_most([p])
     cells = [
         f"{p.row} ({p.dataset})",
-        f"{p.folds_left} / {p.folds}",
-        f"{p.epochs():,.0f}{epochs_src}",
+        f"{p.folds_left:,} / {p.folds:,}",
+        f"{at_most}{p.epochs():,.0f}{epochs_src}",
         ("?" if per.value is None else f"{per.value:.3g}") + src.mark(per),
-        hours_text(p.hours()),
+        at_most + hours_text(p.hours()),
         bytes_text(p.disk_bytes),
         f"±{p.ci:.2f} ({p.reproductions}){src.mark(p.spread)}",
     ]
@@ -69,16 +71,25 @@ def _row(p: StudyPlan, src: _Sources, target: bool) -> list[str]:
     return cells
 
 
+def _at_most(plans: list[StudyPlan]) -> str:
+    """``≤ `` when the epochs left of any of ``plans`` are an upper bound (max_epochs)."""
+    bound = any(
+        p.folds_left and e.kind == "upper bound" for p in plans for e in p.epochs_per_fold.values()
+    )
+    return "≤ " if bound else ""
+
+
 def _total(plan: CampaignPlan, target: bool) -> list[str]:
     s = plan.studies
     hours = [p.hours() for p in s]
     disk = [p.disk_bytes for p in s]
+    at_most = _at_most(s)
     cells = [
         "total",
-        f"{sum(p.folds_left for p in s)} / {sum(p.folds for p in s)}",
-        f"{sum(p.epochs() for p in s):,.0f}",
+        f"{sum(p.folds_left for p in s):,} / {sum(p.folds for p in s):,}",
+        f"{at_most}{sum(p.epochs() for p in s):,.0f}",
         "",
-        hours_text(None if None in hours else sum(hours)),
+        at_most + hours_text(None if None in hours else sum(hours)),
         bytes_text(None if None in disk else sum(disk)),
         "",
     ]
