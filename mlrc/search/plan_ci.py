@@ -9,8 +9,9 @@ Units: MAP@R **points** (percent, as the paper prints 26.53 ± 0.29), spreads to
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -74,7 +75,11 @@ def _std_points(values: Sequence[float]) -> float:
 
 
 def spread_of(
-    study: str, dataset: str, preset_key: str, values: Sequence[ReproductionValue], key_of
+    study: str,
+    dataset: str,
+    preset_key: str,
+    values: Sequence[ReproductionValue],
+    key_of: Callable[[dict[str, Any]], str],
 ) -> Spread:
     """The spread of study ``study``'s test MAP@R (:data:`MODE`): its own tested
     reproductions when it has ≥ 2; else the pooled standard deviation (√(Σ(nᵢ−1)sᵢ² / Σ(nᵢ−1)))
@@ -96,7 +101,8 @@ def spread_of(
     pooled = math.sqrt(sum((len(v) - 1) * _std_points(v) ** 2 for v in others.values()) / dof)
     return Spread(
         pooled,
-        f"pooled: {len(others)} other studies of {dataset} with this preset "
+        f"pooled: {len(others)} other {'study' if len(others) == 1 else 'studies'} of {dataset} "
+        "with this preset "
         f"({dof + len(others)} reproductions)",
         "pooled",
     )
