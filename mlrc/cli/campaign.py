@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
+from mlrc.cli.campaign_plan import plan_json, print_plan, print_spent
 from mlrc.cli.interrupts import interrupts
 from mlrc.cli.options import (
     DEFAULT_ARTIFACTS,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:  # the runner imports torch: only when a command runs (mlrc --
     from mlrc.search.campaign_runner import Cell, Plan, Progress
     from mlrc.search.session import StudySession
 
-__all__ = ["campaign_app", "campaign_run", "campaign_status"]
+__all__ = ["campaign_app", "campaign_plan", "campaign_run", "campaign_status"]
 
 campaign_app = typer.Typer(
     no_args_is_help=True,
@@ -124,6 +125,89 @@ def campaign_status(
         if cfg is None:
             fail(f"no campaign {campaign!r} in {store.redact(storage)}")
         print_grid(engine, cfg.name, cells(cfg, campaign))
+        _planned_vs_spent(engine, cfg, campaign)
+
+
+def _planned_vs_spent(engine: Any, cfg: Any, campaign: str) -> None:
+    """The planned-vs-spent table of ``status`` (hours on the device most fold runs used); a
+    campaign whose studies cannot be resolved here (a plug-in missing) gets one line instead."""
+    from mlrc.config import ConfigError
+    from mlrc.search.campaign_runner import resolve_campaign
+    from mlrc.search.plan import plan_campaign, spent
+
+    try:
+        grid = resolve_campaign(cfg, campaign)
+    except ConfigError as e:
+        console.print(f"planned vs spent: not shown ({e})", soft_wrap=True, highlight=False)
+        return
+    used = spent(engine, [c.name for c, _ in grid])
+    kinds = [s.device for s in used.values() if s.device is not None]
+    device = max(sorted(set(kinds)), key=kinds.count) if kinds else "cpu"
+    plan = plan_campaign(engine, cfg.name, [(c.row, r) for c, r in grid], device)
+    print_spent(plan, used)
+
+
+TargetOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--target-ci",
+        help="a 95% CI half-width of the test MAP@R in MAP@R points (percent, as the tables "
+        "print: 0.5 = ±0.50): propose the reproductions that reach it",
+    ),
+]
+PlanDeviceOpt = Annotated[
+    str,
+    typer.Option(
+        "--device", help="the device it will run on: cpu, cuda, cuda:N, mps (need not be here)"
+    ),
+]
+
+
+@campaign_app.command("plan")
+def campaign_plan(
+    campaign: Annotated[str, typer.Argument(help="campaign YAML or campaign name")],
+    storage: StorageOpt = DEFAULT_STORAGE,
+    device: PlanDeviceOpt = "cpu",
+    target_ci: TargetOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON only")] = False,
+) -> None:
+    """Before anything runs: per study and in total, the fold trainings, epochs and device-hours
+    left, the disk its checkpoints take when done, and the expected 95% CI half-width of the
+    test MAP@R — measured from the store's own runs where it can, else estimated (and said)."""
+    from mlrc import store
+    from mlrc.search.campaign_runner import resolve_campaign
+    from mlrc.search.plan import device_kind, plan_campaign
+
+    with user_errors():
+        device_kind(device)  # a bad --device: one line before the store is read
+        missing = store.costs.missing_file(storage)
+        engine = None if missing else store.connect(storage, read_only=True)
+        cfg = _planned_campaign(engine, campaign, storage)
+        grid = resolve_campaign(cfg, campaign)
+        plan = plan_campaign(engine, cfg.name, [(c.row, r) for c, r in grid], device, target_ci)
+    if json_out:
+        print(plan_json(plan))
+        return
+    if missing:
+        console.print(
+            f"no store at {missing} yet: nothing measured, every figure is estimated",
+            soft_wrap=True,
+            highlight=False,
+        )
+    print_plan(plan)
+
+
+def _planned_campaign(engine: Any, campaign: str, storage: str) -> Any:
+    """The campaign a ``plan`` names: a file, or a name in the store (else one line, exit 2)."""
+    from mlrc import store
+    from mlrc.search.campaign_runner import find_campaign, load_campaign
+
+    if campaign.endswith((".yaml", ".yml")):
+        return load_campaign(campaign, check_roots=False)
+    cfg = find_campaign(engine, campaign) if engine is not None else None
+    if cfg is None:
+        fail(f"no campaign {campaign!r} in {store.redact(storage)}")
+    return cfg
 
 
 class Printed:

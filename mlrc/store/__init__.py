@@ -14,6 +14,7 @@ an ORM row. This face exports what they use; the rooms behind it:
   :mod:`~mlrc.store.results` (test results, retrieval views, the untrained baseline),
   :mod:`~mlrc.store.history` (a study's settings and their changes),
   :mod:`~mlrc.store.campaigns` (which studies a campaign holds, their progress),
+  :mod:`~mlrc.store.costs` (what fold runs cost: epochs, wall time, device; test MAP@R),
   :mod:`~mlrc.store.reads` (what the report's tables read),
   :mod:`~mlrc.store.snapshot` (what the dashboard reads);
 - :mod:`mlrc.store.provenance` (no SQL): what computed a study's fold runs, in words;
@@ -36,6 +37,7 @@ contracts in pyproject.toml keep it so).
 
 from mlrc.store import (
     campaigns,
+    costs,
     curves,
     history,
     provenance,
@@ -83,6 +85,7 @@ __all__ = [
     "absolute_url",
     "advisory_lock",
     "campaigns",
+    "costs",
     "curves",
     "connect",
     "current",
