@@ -128,7 +128,11 @@ def acceptable(f: dict) -> bool:
 
 def pick(table: dict[str, dict]) -> str | None:
     """The cheapest acceptable rule of ``table`` (label → figures); ties: the first."""
-    ok = [(f["fold_epochs_fraction"], i, label) for i, (label, f) in enumerate(table.items()) if acceptable(f)]
+    ok = [
+        (f["fold_epochs_fraction"], i, label)
+        for i, (label, f) in enumerate(table.items())
+        if acceptable(f)
+    ]
     return min(ok)[2] if ok else None
 
 
@@ -164,7 +168,9 @@ def leave_one_out(replays: dict[str, dict[str, rp.ReplayResult]], names: list[st
     held: list[rp.ReplayResult] = []
     picks = {}
     for name in names:
-        others = {label: figures([r for n, r in by.items() if n != name]) for label, by in replays.items()}
+        others = {
+            label: figures([r for n, r in by.items() if n != name]) for label, by in replays.items()
+        }
         label = pick(others) or Rules().label()
         picks[name] = label
         held.append(replays[label][name])
@@ -174,8 +180,14 @@ def leave_one_out(replays: dict[str, dict[str, rp.ReplayResult]], names: list[st
 def show(df, best, loo, about, studies, replays) -> None:
     print(f"\ncorpus: {len(studies)} studies, {about.get('machine')}, {about.get('date')}")
     cols = ["rules", "fold_epochs_fraction", "choice_pruned", "mean_regret"]
-    top = df[df["rules"].isin([Rules().label(), Rules("median", 5).label(), Rules("wilcoxon", prune_p=0.3).label()])]
-    ok = df[df.apply(lambda r: acceptable(r.to_dict()), axis=1)].nsmallest(8, "fold_epochs_fraction")
+    top = df[
+        df["rules"].isin(
+            [Rules().label(), Rules("median", 5).label(), Rules("wilcoxon", prune_p=0.3).label()]
+        )
+    ]
+    ok = df[df.apply(lambda r: acceptable(r.to_dict()), axis=1)].nsmallest(
+        8, "fold_epochs_fraction"
+    )
     for title, part in (("pruners alone", top), ("cheapest acceptable rules", ok)):
         print(f"\n{title}:\n")
         print("| rules | fold-epochs × unpruned | choice pruned | mean regret (MAP@R points) |")
@@ -190,7 +202,9 @@ def show(df, best, loo, about, studies, replays) -> None:
         print("\nper study:\n\n| study | fold-epochs × unpruned | same choice | regret (points) |")
         print("|---|--:|:-:|--:|")
         for name, r in replays[best].items():
-            print(f"| {name} | {r.fold_epochs_fraction:.2f} | {'yes' if r.same_choice else 'no'} | {100 * r.regret:.2f} |")
+            print(
+                f"| {name} | {r.fold_epochs_fraction:.2f} | {'yes' if r.same_choice else 'no'} | {100 * r.regret:.2f} |"
+            )
         print(
             f"\nleave one study out: {loo['fold_epochs_fraction']:.2f}× fold-epochs, choice "
             f"pruned in {loo['choice_pruned']} of {loo['studies']}, mean regret "

@@ -202,6 +202,11 @@ def _facts(study: StudyData) -> list[str]:
             else []
         ),
         _trial_counts(study),
+        *(
+            [f"<b>{tables.DDAGGER} pruned search</b>: {esc(study.pruning)}"]
+            if study.pruning
+            else []
+        ),
         f"reproductions tested {study.reproductions}",
         *([f"campaigns {esc(', '.join(study.campaigns))}"] if study.campaigns else []),
         f"created {study.created:%Y-%m-%d %H:%M} UTC" if study.created else "",

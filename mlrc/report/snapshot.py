@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from mlrc import data, store
 from mlrc.config.presets import objective_label
 from mlrc.errors import first_line
+from mlrc.report.legend import pruning_label, risk_text
 from mlrc.report.tables import collect, is_nonfinite, is_traditional, select_studies, summarize
 from mlrc.store import reads
 from mlrc.store.optuna_tables import has_optuna_tables
@@ -119,6 +120,7 @@ class StudyData:
     value_label: str = "val MAP@R"  # what its search maximises (objective_label)
     curve_label: str = "val MAP@R"  # what its fold curves show, per epoch
     archived: bool = False  # archived by --force-new (NAME.old-K): replaced by study NAME
+    pruning: str = ""  # its pruning rules and their measured risk ("" when it prunes nothing)
 
 
 @dataclass
@@ -242,6 +244,7 @@ def _study_data(stored: StoredStudies) -> list[StudyData]:
             objective_label(st.config),
             "test MAP@R §" if is_traditional(st.config) else "val MAP@R",
             reads.archived_of(st.name) is not None,
+            _pruning(st.config, st.settings),
         )
         for st in stored.studies
     ]
@@ -347,3 +350,12 @@ def _thumbnail(key: str, index: int) -> str:
         encoded.append((len(buf.getvalue()), mime, buf.getvalue()))
     _, mime, raw = min(encoded)
     return f"data:image/{mime};base64,{base64.b64encode(raw).decode('ascii')}"
+
+
+def _pruning(config: dict | None, settings: dict | None) -> str:
+    """ "wilcoxon(p=0.3) + stop …; on the corpus (6 studies): …", or "" without pruning."""
+    label = pruning_label(config, settings)
+    if label == "none":
+        return ""
+    risk = risk_text((settings or {}).get("pruning_risk"))
+    return f"{label}{'; ' + risk if risk else ''}"

@@ -372,7 +372,11 @@ def parse_rules(pruner: str, stop: str | None = None) -> Rules:
         rule, skv = _spec(stop, "--stop")
         try:
             fields["stop"] = StopSpec(
-                rule=rule, **{k: _number(v, f"--stop {stop}: {k}") for k, v in skv.items()}
+                rule=rule,
+                **{
+                    k: v if k == "future" else _number(v, f"--stop {stop}: {k}")
+                    for k, v in skv.items()
+                },
             )
         except ValidationError as e:
             err = e.errors()[0]

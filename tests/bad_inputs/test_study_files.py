@@ -127,7 +127,7 @@ UNKNOWN_KEYS = [
         "overrides-table-key",
         patch("overrides: {batch: {images_per_class: {pair: 4, triple: 2}}}"),
         "preset cpu.yaml + overrides: batch.images_per_class: key 'triple': "
-        "Input should be 'pair' or 'class'",
+        "Input should be 'pair' or 'class' (got 'triple')",
     ),
 ]
 
@@ -165,7 +165,28 @@ WRONG_TYPES = [
     case(
         "sampler-name",
         patch("search: {sampler: random}"),
-        "search.sampler: Input should be 'gp' or 'tpe'",
+        "search.sampler: Input should be 'gp' or 'tpe' (got 'random')",
+    ),
+    case(
+        "pruner-typo",
+        patch("search: {pruner: wilcoxn}"),
+        "search.pruner: Input should be 'none', 'median' or 'wilcoxon' (got 'wilcoxn'); "
+        "did you mean 'wilcoxon'?",
+    ),
+    case(
+        "prune-p-zero",
+        patch("search: {pruner: wilcoxon, prune_p: 0}"),
+        "search.prune_p: Input should be greater than 0",
+    ),
+    case(
+        "stop-key-typo",
+        patch("search: {stop: {rule: gain, quantlie: 0.9}}"),
+        "unknown key 'search.stop.quantlie'; did you mean 'quantile'?",
+    ),
+    case(
+        "stop-future",
+        patch("search: {stop: {future: optimistic}}"),
+        "search.stop.future: Input should be 'incumbent' or 'best' (got 'optimistic')",
     ),
     case(
         "reproductions-list",
