@@ -31,8 +31,8 @@ runner = CliRunner()
 TRIALS = 7
 OVERRIDES = {"max_epochs": 5, "iterations_per_epoch": 2, "patience": {"default": 1}, "folds": 3}
 RULES = {
-    "pruner": "median",
-    "prune_startup": 2,
+    "pruner": "wilcoxon",
+    "prune_p": 0.3,
     "stop": {"quantile": 0.5, "slack": 0.0, "startup": 1},
 }
 
@@ -75,7 +75,7 @@ def test_replay_takes_the_live_runs_decisions(studies):
     sid = store.studies.study_named(engine, "live").id
     live = {t.number: t for t in store.curves.study_trials(engine, sid)}
     curves = store.curves.search_curves(engine, sid)
-    res = rp.replay(full, Rules("median", 2, stop=StopSpec(**RULES["stop"])))
+    res = rp.replay(full, Rules("wilcoxon", prune_p=0.3, stop=StopSpec(**RULES["stop"])))
     assert res.decisions == {n: t.state for n, t in live.items()}
     assert res.pruned >= 1 and res.stopped >= 1  # the rules did something in this study
     assert res.fold_epochs == sum(max(e for e, _ in c.points) for c in curves)
@@ -211,3 +211,35 @@ def test_fold_stop_is_the_papers_bound():
     assert stop.reason(3, 0.479) is not None and stop.reason(3, 0.481) is None
     assert stop.reason(2, 0.0) is None  # no later gain known at epoch 2: no decision
     assert "stopped at epoch 3 of fold 1" in stop.reason(3, 0.2)
+
+
+def _naive_wilcoxon(study, p_threshold):
+    """Decisions of Wilcoxon pruning by hand (scipy's test, Optuna's documented rule: after
+    fold k ≥ 2 of n, prune when p < threshold unless the trial's mean so far is not below the
+    best trial's on the same folds)."""
+    from scipy import stats
+
+    best, out = None, {}
+    for t in study.trials:
+        folds = [f for f in t.folds if f.status == "complete"]
+        how = "complete" if t.state == "complete" else "failed"
+        for k in range(2, len(folds) + 1):
+            if best is None or k >= study.n_folds:
+                break
+            v = np.array([f.objective for f in folds[:k]])
+            b = np.array([best[1][f.fold] for f in folds[:k]])
+            p = stats.wilcoxon(v - b, alternative="less", zero_method="zsplit").pvalue
+            if p < p_threshold and not v.mean() >= b.mean():
+                how = "pruned"
+                break
+        out[t.number] = how
+        if how == "complete" and (best is None or t.value > best[0]):
+            best = (t.value, {f.fold: f.objective for f in t.folds})
+    return out
+
+
+def test_wilcoxon_replay_matches_a_hand_computation(studies):
+    _, full = studies
+    res = rp.replay(full, Rules("wilcoxon", prune_p=0.3))
+    assert res.decisions == _naive_wilcoxon(full, 0.3)
+    assert res.stopped == 0
