@@ -243,3 +243,20 @@ def test_wilcoxon_replay_matches_a_hand_computation(studies):
     res = rp.replay(full, Rules("wilcoxon", prune_p=0.3))
     assert res.decisions == _naive_wilcoxon(full, 0.3)
     assert res.stopped == 0
+
+
+def test_status_names_the_rules_and_their_measured_risk(studies):
+    engine, _ = studies
+    out = cli("study", "status", "live", "--storage", str(engine.url)).output
+    line = next(x for x in out.splitlines() if x.startswith("pruning:"))
+    label = Rules("wilcoxon", prune_p=0.3, stop=StopSpec(**RULES["stop"])).label()
+    assert line.startswith(f"pruning: {label} (not the protocol's search); ")
+    settings = store.studies.study_named(engine, "live").settings
+    risk = settings["pruning_risk"]
+    assert risk["rules"] == label
+    if risk["measured"]:  # a rule of the tuned grid: its replay figures on the corpus
+        assert f"{risk['fold_epochs_fraction']:.2f}× the fold-epochs" in line
+    else:
+        assert "risk not measured on the corpus" in line
+    full = store.studies.study_named(engine, "full").settings
+    assert "pruning_risk" not in full  # an unpruned study carries none
