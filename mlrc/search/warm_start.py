@@ -135,9 +135,10 @@ def _from_study(engine: Engine, resolved: ResolvedStudy, where: str) -> _Source:
     row = studies.study_named(engine, name)
     if row is None:
         known = reads.study_names(engine)
+        shown = ", ".join(known[:10]) + (", …" if len(known) > 10 else "")
         raise ConfigError(
             f"{where}: no study {name!r} in the store{did_you_mean(name, known)} "
-            f"(it has {len(known)} studies: `mlrc study status NAME` on one shows it)"
+            f"(known: {shown or 'none'})"
         )
     best = trials.top_trials(engine, row.id, top)
     if not best:
