@@ -1,5 +1,7 @@
 """Warm starts (``search.warm_start``): a study's first trials are the best configurations of
-a finished study — ``study: NAME``, a study of the same store (its ``top`` best complete trials,
+another, finished study.
+
+The source is ``study: NAME``, a study of the same store (its ``top`` best complete trials,
 highest value first), or ``file: EXPORT.yaml``, what ``mlrc study export`` writes (it holds the
 best trial only, so it gives one configuration whatever ``top`` says).
 
