@@ -149,7 +149,8 @@ def test_an_exported_file_gives_its_best_trial(source, monkeypatch):
 
 
 def test_the_report_marks_a_warm_started_study(source, monkeypatch):
-    """md (row mark, the legend's note and the row's note), csv (``warm_start``) and json."""
+    """md (row mark, the legend's note and the row's note), csv and json (``warm_start``),
+    latex and html."""
     tmp, url = source
     monkeypatch.setattr(objective, "run_fold", scored_fold)
     path = study_file(tmp, "tgt-rep", {"trials": 1, "warm_start": {"study": "src", "top": 1}})
@@ -189,3 +190,5 @@ def test_the_report_marks_a_warm_started_study(source, monkeypatch):
     }
     tex = mlrc(*base, "latex").stdout
     assert r"contrastive (tgt-rep) \P{}" in tex
+    page = mlrc(*base, "html").stdout  # the dashboard's test table is this page's
+    assert "contrastive (tgt-rep) ¶" in page and f"warm-started from {text}." in page
