@@ -287,10 +287,26 @@ def print_budget(engine, st) -> None:
             highlight=False,
             markup=False,
         )
+    print_warm_start(st.config, rows)
     for h in rows:
         when = h.time.strftime("%Y-%m-%d %H:%M")
         console.print(
             f"  {when}  {h.field} {h.old} → {h.new}  ({h.code_version})",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
+
+
+def print_warm_start(config, rows) -> None:
+    """One line for a warm-started study (``search.warm_start``): where its first trials came
+    from; its search is not the reference's."""
+    from mlrc.report.values import warm_start
+
+    text = warm_start(config, rows)
+    if text:
+        console.print(
+            f"warm-started from {text}: not the reference's search",
             soft_wrap=True,
             highlight=False,
             markup=False,

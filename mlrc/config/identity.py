@@ -109,6 +109,9 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("preset", "tf32"): AnyOf((None, False)),
     ("preset", "deterministic"): False,
     ("preset", "augment_on_device"): False,
+    # warm starts (#25): like ``search.enqueue``, part of the identity (they decide which
+    # parameters are tried); left out where unset, as studies before them
+    **{(part, "search", "warm_start"): None for part in ("study", "preset")},
 }
 
 

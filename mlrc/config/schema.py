@@ -205,13 +205,33 @@ class StopSpec(Strict):
     future: Literal["incumbent", "best"] = "incumbent"
 
 
+class WarmStartSpec(Strict):
+    """``search.warm_start``: the ``top`` best configurations of a finished study are tried
+    first — ``study: NAME`` (a study of the same store) or ``file: EXPORT.yaml`` (what ``mlrc
+    study export`` writes: its best trial only). Same loss and search space; mapped and checked
+    when the study opens (:mod:`mlrc.search.warm_start`). Not the reference's search."""
+
+    study: str | None = Field(None, min_length=1)
+    file: str | None = Field(None, min_length=1)
+    top: int = Field(5, ge=1)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WarmStartSpec:
+        if (self.study is None) == (self.file is None):
+            raise ValueError("give either study or file")
+        return self
+
+
 class SearchSpec(Strict):
-    """The hyperparameter search: trials, sampler, seed, enqueued trials and opt-in pruning."""
+    """The hyperparameter search: trials, sampler, seed, enqueued trials, warm start and opt-in
+    pruning."""
 
     trials: int | None = Field(None, ge=1)
     sampler: Literal["gp", "tpe"] | None = None
     seed: int = Field(0, ge=0, le=2**31 - 1)  # Optuna/NumPy and faiss take 31-bit seeds
     enqueue: list[dict[str, Any]] = []
+    # the best configurations of a finished study, tried after ``enqueue`` (a study file's only)
+    warm_start: WarmStartSpec | None = None
     # Opt-in pruning (off in the reference preset), between folds: ``median`` stops a trial
     # whose running mean of fold MAP@R after fold k is below the median of the complete trials'
     # (after ``prune_startup`` of them); ``wilcoxon`` stops one whose fold values are worse than
@@ -318,6 +338,8 @@ class Preset(Strict):
         for key in ("validate_every", "patience"):
             if "default" not in getattr(self, key):
                 raise ValueError(f"{key} needs a 'default' entry")
+        if self.search.warm_start is not None:
+            raise ValueError("search.warm_start: a preset takes none (give it in the study file)")
         if self.split_scheme == "traditional" and self.folds != 1:
             raise ValueError(
                 f"folds: the traditional split_scheme has exactly one fold (folds: 1), got "

@@ -16,7 +16,7 @@ from mlrc.report.layout import (
     metric_label,
     table_blocks,
 )
-from mlrc.report.legend import DAGGER, DDAGGER, SECTION, TRADITIONAL_TITLE
+from mlrc.report.legend import DAGGER, DDAGGER, SECTION, TRADITIONAL_TITLE, WARM
 from mlrc.report.values import MODES
 from mlrc.store import METRIC_COLUMNS
 
@@ -111,6 +111,7 @@ def latex_text(s: str) -> str:
         .replace(DAGGER, r"$^{\dagger}$")
         .replace(DDAGGER, r"$^{\ddagger}$")
         .replace(SECTION, r"\S{}")
+        .replace(WARM, r"\P{}")
         .replace("…", r"\ldots{}")
         .replace("—", "---")
         .replace("–", "--")

@@ -24,6 +24,8 @@ from mlrc.report.legend import (
     TRADITIONAL_NOTE,
     TRADITIONAL_TITLE,
     UNTRAINED_NOTE,
+    WARM,
+    WARM_NOTE,
 )
 from mlrc.report.summary import with_defaults
 from mlrc.report.values import MODES, TRADITIONAL_MODE, UNMARKED_METRICS, traditional_metrics
@@ -126,6 +128,7 @@ class Block:
     untrained: list[str] = field(default_factory=list)  # row labels: every test fold at epoch 0
     # (row label, what computed its folds, what differs between them) of rows that recorded it
     compute: list[tuple[str, str, str]] = field(default_factory=list)
+    warm: list[tuple[str, str]] = field(default_factory=list)  # (row label, its warm start)
 
     @property
     def name(self) -> str:
@@ -151,6 +154,7 @@ class _BlockNotes:
     threads: list[tuple[str, str]] = field(default_factory=list)  # (row label, "1, 2")
     untrained: list[str] = field(default_factory=list)
     compute: list[tuple[str, str, str]] = field(default_factory=list)
+    warm: list[tuple[str, str]] = field(default_factory=list)  # (row label, its warm start)
 
 
 def _study_row(
@@ -172,8 +176,12 @@ def _study_row(
         acc.untrained.append(label)
     if first["fold_compute"]:
         acc.compute.append((label, first["fold_compute"], first["mixed_compute"]))
+    if first["warm_start"]:
+        acc.warm.append((label, first["warm_start"]))
     if first["pruner"] != "none":
         label = f"{label} {DDAGGER}"
+    if first["warm_start"]:
+        label = f"{label} {WARM}"
     if first["test_set_selection"]:
         label = f"{label} {SECTION}"
     lo, hi = int(g["n"].min()), int(g["n"].max())
@@ -245,6 +253,7 @@ def _block(dataset: str, protocol: str, d: pd.DataFrame) -> Block:
         threads=acc.threads,
         untrained=acc.untrained,
         compute=acc.compute,
+        warm=acc.warm,
     )
 
 
@@ -272,6 +281,8 @@ def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
         for study, g in pruned.groupby("study", sort=False):
             risk = g["pruning_risk"].iloc[0]
             out.append(f"{DDAGGER} {study}: {g['pruner'].iloc[0]}{'; ' + risk if risk else ''}")
+    if (summary["warm_start"].astype(bool) & ~summary["baseline"]).any():
+        out.append(WARM_NOTE)
     # (dataset, traditional) -> its blocks, when it has several protocols
     split: dict[tuple[str, bool], list[Block]] = {}
     for b in blocks:
@@ -289,6 +300,9 @@ def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
     for b in blocks:
         if b.budgets:
             out.append(f"{b.name}: the search budgets differ — {b.budgets}.")
+    for b in blocks:
+        for label, warm in b.warm:
+            out.append(f"{label} ({b.name}): warm-started from {warm}.")
     for b in blocks:
         for label, changes in b.history:
             out.append(f"{label} ({b.name}): budget changed during the study — {changes}.")

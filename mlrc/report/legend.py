@@ -22,11 +22,14 @@ __all__ = [
     "TRADITIONAL_NOTE",
     "TRADITIONAL_TITLE",
     "UNTRAINED_NOTE",
+    "WARM",
+    "WARM_NOTE",
 ]
 
 DAGGER = "†"
 DDAGGER = "‡"
 SECTION = "§"  # after the label of a study whose epoch was chosen on the test set
+WARM = "¶"  # after the label of a study whose search was warm-started (search.warm_start)
 LEGEND = [
     "Values in %: mean ± half-width of the 95% Student-t confidence interval over the n "
     "reproductions (separated: mean of the four 128-D fold models; concatenated: their 512-D "
@@ -93,6 +96,10 @@ def risk_text(risk: dict | None) -> str:
     return text
 
 
+WARM_NOTE = (
+    f"{WARM} warm-started search (search.warm_start): its first trials were the best "
+    "configurations of another study; not the reference's search, which starts from nothing."
+)
 BASELINE_NOTES = {
     "pretrained": "Pretrained: the ImageNet-pretrained trunk, untrained, on the test classes",
     "random_init": "Random init: the randomly initialised trunk (the preset trains it from "

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from mlrc.config.identity import canonical_json, key_of
-from mlrc.report.legend import DDAGGER
+from mlrc.report.legend import DDAGGER, WARM
 
 __all__ = [
     "MAX_SHOWN_FIELDS",
@@ -42,6 +42,9 @@ COMPARISON_EXCLUDED: dict[str, str] = {
     "preset.loss_optimizer.lr": "the range of the loss's learning rate, a searched parameter "
     "of the loss (loss_lr in space)",
     "study.search.enqueue": "the search's first points, in the searched parameters",
+    "study.search.warm_start": "the search's first points, from another study: a method "
+    f"setting like enqueue, but not the reference's search — its rows are marked {WARM} with a "
+    "note",
     "study.preset": "the preset's name or path: its resolved content is compared as preset",
     "study.overrides": "already merged into preset",
     "trials": _BUDGET,
@@ -75,7 +78,9 @@ def comparison_scope(config: dict | None) -> dict:
     * the methods compared: ``study.loss``, ``study.miner``, ``study.strategy``, and
       ``study.sampler`` — the batch sampler is a training trick too, compared like the miner —
       with their parameters: ``space``, ``fixed``, ``study.search.enqueue`` (first points of the
-      search) and ``preset.loss_optimizer.lr`` (the loss's learning-rate range, searched);
+      search), ``study.search.warm_start`` (first points taken from another study; its rows are
+      marked ¶ with a note, since it is not the reference's search) and
+      ``preset.loss_optimizer.lr`` (the loss's learning-rate range, searched);
     * ``study.preset`` (the preset's name or path) and ``study.overrides``: the overrides are
       already merged into ``preset``, which is compared whole instead;
     * the budgets: ``trials``, ``reproductions``, ``study.search.trials``, ``study.test``,

@@ -45,6 +45,7 @@ TIDY_COLUMNS = [
     "failures",  # each failed trial and test fold with its reason, "; "-separated
     "archived",  # True: archived by study run --force-new (NAME.old-K), never compared
     "untrained_test",  # True: every test fold kept epoch 0, the untrained model
+    "warm_start",  # the study's warm start ("study X top 5 (trials 3, 7)"), "" for none
 ]
 _KEYS = ["study", "dataset", "protocol", "loss", "strategy", "pruner", "mode", "metric"]
 
@@ -80,6 +81,7 @@ def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
         "archived": False,
         "untrained_test": False,
         "pruning_risk": "",
+        "warm_start": "",
     }
     for c, v in defaults.items():
         if c not in values.columns:

@@ -91,6 +91,8 @@ from mlrc.report.legend import (
     TRADITIONAL_NOTE,
     TRADITIONAL_TITLE,
     UNTRAINED_NOTE,
+    WARM,
+    WARM_NOTE,
 )
 from mlrc.report.scopes import (
     COMPARISON_EXCLUDED,
@@ -137,6 +139,8 @@ __all__ = [
     "TRADITIONAL_TITLE",
     "UNTRAINED_NOTE",
     "VALUE_COLUMNS",
+    "WARM",
+    "WARM_NOTE",
     "ReportError",
     "collect",
     "is_nonfinite",

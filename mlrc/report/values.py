@@ -43,6 +43,7 @@ __all__ = [
     "select_studies",
     "traditional_metrics",
     "trials_budget",
+    "warm_start",
 ]
 
 MODES = ("separated", "concatenated")
@@ -64,6 +65,7 @@ META_COLUMNS = [
     "failed_trials",  # trials failed with a reason (an error stopped them; not the scored zeros)
     "failures",  # "trial 0 failed: reason; reproduction 2, fold 0 failed: reason", or ""
     "pruning_risk",  # the pruning rules' risk measured by replay on the corpus, or ""
+    "warm_start",  # "study X top 5 (trials 3, 7)": its search started from another's best, or ""
 ]
 TRADITIONAL_MODE = "concatenated"  # a traditional study's one model (its aggregate row)
 EPOCH = "best_epoch"  # the epoch chosen on the test classes, in epochs (not a percentage)
@@ -331,6 +333,7 @@ def _baseline_rows(
                         "failed_trials": None,
                         "failures": "",
                         "pruning_risk": "",
+                        "warm_start": "",
                         "_order": (*g.rank, 0, i),
                         "_metric": j,
                     }
@@ -368,6 +371,22 @@ def budget_history(changes: list[Any]) -> str:
         for h in changes
         if h.field in ("search.trials", "test.reproductions")
     )
+
+
+def warm_start(config: Any, changes: list[Any]) -> str:
+    """A study's warm start as its history recorded it ("study X top 5 (trials 3, 7)"), else
+    as its configuration gives it (``study.search.warm_start``); "" for none."""
+    recorded = [h.new for h in changes if h.field == "search.warm_start" and h.new]
+    if recorded:
+        return recorded[-1]
+    try:
+        spec = config["study"]["search"]["warm_start"]
+    except (KeyError, TypeError):
+        return ""
+    if not isinstance(spec, dict):
+        return ""
+    source = f"study {spec['study']}" if spec.get("study") else f"file {spec.get('file')}"
+    return f"{source} top {spec.get('top')}"
 
 
 def failure_columns(lines: list[str]) -> dict[str, Any]:
@@ -432,6 +451,7 @@ def _study_meta(
             "archived": reads.archived_of(st.name) is not None,
             "untrained_test": _untrained(test_epochs.get(st.id)),
             "pruning_risk": risk_text((st.settings or {}).get("pruning_risk")),
+            "warm_start": warm_start(st.config, history.get(st.id, [])),
         }
         for g in groups
         for st in g.studies

@@ -42,6 +42,7 @@ from mlrc.search.errors import StudyError
 from mlrc.search.pruning import measured_risk
 from mlrc.search.retention import collect_study
 from mlrc.search.tracking import Tracker, open_tracker, study_run
+from mlrc.search.warm_start import check_warm_start
 from mlrc.store import history, studies
 from mlrc.train import threads as cpu
 from mlrc.train.launch import rank_devices
@@ -141,6 +142,7 @@ def open_study(
             if old is not None and identity_change(old, resolved.fingerprint()) is not None:
                 new_name = archive_study(engine, resolved.study.name, Path(artifacts))
                 log.warning("the stored study %r was archived as %r", resolved.study.name, new_name)
+        check_warm_start(engine, resolved)  # a refused warm start leaves nothing stored
         ctx = build_session(
             resolved, url, artifacts, device, progress, engine, budgets_used, threads, len(ranks)
         )

@@ -37,6 +37,7 @@ __all__ = [
     "running_trial_hashes",
     "start_fold",
     "start_trial",
+    "top_trials",
     "trial_state",
 ]
 
@@ -236,6 +237,24 @@ def best_trial(engine: Engine, study_id: int) -> TrialRecord | None:
     def read(s: Session) -> TrialRecord | None:
         row = s.execute(query).scalar_one_or_none()
         return None if row is None else from_row(TrialRecord, row)
+
+    return transact(engine, read, "reading trials")
+
+
+def top_trials(engine: Engine, study_id: int, k: int) -> list[TrialRecord]:
+    """The ``k`` best complete trials (highest value first, the lower number first on a tie, as
+    :func:`best_trial`), leaving out those scored 0 for a non-finite loss (their ``reason``
+    says so): a warm start's source (:mod:`mlrc.search.warm_start`)."""
+    query = (
+        select(Trial)
+        .filter_by(study_id=study_id, state="complete")
+        .where(Trial.value.is_not(None), Trial.reason.is_(None))
+        .order_by(Trial.value.desc(), Trial.number)
+        .limit(k)
+    )
+
+    def read(s: Session) -> list[TrialRecord]:
+        return [from_row(TrialRecord, row) for row in s.execute(query).scalars()]
 
     return transact(engine, read, "reading trials")
 

@@ -364,6 +364,26 @@ PARAMETERS_NOT_TAKEN = [
         patch("search: {trials: 2, enqueue: [{neg_margin: wide}]}"),
         "search.enqueue.0.neg_margin: expected a number, got 'wide'",
     ),
+    case(
+        "warm-start-two-sources",
+        patch("search: {trials: 2, warm_start: {study: a, file: b.yaml}}"),
+        "search.warm_start: give either study or file",
+    ),
+    case(
+        "warm-start-no-source",
+        patch("search: {trials: 2, warm_start: {top: 3}}"),
+        "search.warm_start: give either study or file",
+    ),
+    case(
+        "warm-start-top-0",
+        patch("search: {trials: 2, warm_start: {study: a, top: 0}}"),
+        "search.warm_start.top: Input should be greater than or equal to 1",
+    ),
+    case(
+        "warm-start-a-name",
+        patch("search: {trials: 2, warm_start: cub-contrastive}"),
+        "search.warm_start: Input should be a valid dictionary",
+    ),
 ]
 
 RANGES_AND_BUDGETS = [

@@ -56,3 +56,28 @@ def test_the_global_batch_is_identity_the_processes_sharing_it_are_not():
     change = identity_change(fp(), fp(batch={"size": 64}))
     assert change is not None and change.startswith("preset.batch.size: 32 in the store, 64 now")
     assert "processes_per_trial" not in identity(fp(processes_per_trial=4))["preset"]
+
+
+def test_a_warm_start_is_identity_like_enqueue_but_not_protocol():
+    """``search.warm_start`` decides which parameters are tried, as ``search.enqueue``: another
+    one is another study; unset, it is left out (a study stored before it still matches). Like
+    enqueue it is no part of the report's protocol (its rows are marked instead)."""
+    from mlrc.config import StudyConfig, resolve
+    from mlrc.report.scopes import comparison_key
+
+    def fp(**search) -> dict:
+        doc = {"name": "s", "dataset": {"name": "glyphs"}, "preset": "cpu",
+               "loss": {"name": "contrastive"}, "search": {"trials": 2, **search}}  # fmt: skip
+        return resolve(StudyConfig.model_validate(doc), "s").fingerprint()
+
+    plain, warm = fp(), fp(warm_start={"study": "cub", "top": 3})
+    assert "warm_start" not in plain["study"]["search"]
+    assert "warm_start" not in plain["preset"]["search"]
+    assert warm["study"]["search"]["warm_start"] == {"study": "cub", "file": None, "top": 3}
+    assert identity_change(plain, warm) == (
+        "study.search.warm_start: None in the store, {'study': 'cub', 'file': None, 'top': 3} now"
+    )
+    assert identity_change(warm, fp(warm_start={"study": "cub", "top": 4})) is not None
+    enqueued = fp(enqueue=[{"pos_margin": 0.1}])
+    assert identity_change(plain, enqueued) is not None  # the rule it follows
+    assert comparison_key(plain) == comparison_key(warm) == comparison_key(enqueued)

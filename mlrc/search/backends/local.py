@@ -39,6 +39,7 @@ from mlrc.search.optuna_setup import counts, optuna_study
 from mlrc.search.session import StudySession
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
+from mlrc.search.warm_start import enqueue_warm_start
 from mlrc.train.ranks import RankLost
 
 log = logging.getLogger("mlrc")
@@ -102,13 +103,14 @@ def run_search(
 
 def _prepare(ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
     """Under the study's lock: recover interrupted trials (SQLite), enqueue the study file's
-    points (once)."""
+    points, then its warm start's (once)."""
     with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
         if ctx.engine.dialect.name == "sqlite":  # the file lock proves no other process runs
             recover_interrupted(ctx, ostudy, storage, study_id)
         if not ostudy.user_attrs.get("enqueued"):
             _enqueue_once(ostudy, ctx.resolved.study.search.enqueue)
             ostudy.set_user_attr("enqueued", True)
+        enqueue_warm_start(ctx, ostudy)  # after the file's points, before any suggestion
 
 
 def _claim(

@@ -43,6 +43,7 @@ from mlrc.search.optuna_setup import finished, optuna_study
 from mlrc.search.session import StudySession, build_session
 from mlrc.search.space import sampler as make_sampler
 from mlrc.search.space import suggest
+from mlrc.search.warm_start import enqueue_warm_start
 from mlrc.store import trials
 from mlrc.train import FoldResult
 
@@ -255,6 +256,7 @@ def run_search_ray(
             recover_interrupted(ctx, ostudy, storage, study_id)
         else:
             _fail_stale(ctx, 4 * heartbeat_s, heartbeat_s)
+        enqueue_warm_start(ctx, ostudy)  # Ray's searcher asks Optuna: they come first
     procs = _ranks_per_trial(ctx, gpus_per_trial, fold_parallel)
     remaining = ctx.resolved.trials - len(finished(ostudy))
     if remaining <= 0:
