@@ -46,6 +46,7 @@ TIDY_COLUMNS = [
     "archived",  # True: archived by study run --force-new (NAME.old-K), never compared
     "untrained_test",  # True: every test fold kept epoch 0, the untrained model
     "warm_start",  # the study's warm start ("study X top 5 (trials 3, 7)"), "" for none
+    "pruning_risk",  # a pruned study's rules' risk measured by replay on the corpus, or ""
 ]
 _KEYS = ["study", "dataset", "protocol", "loss", "strategy", "pruner", "mode", "metric"]
 

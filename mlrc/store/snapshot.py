@@ -65,7 +65,7 @@ def _campaign_membership(s: Session) -> dict[int, list[str]]:
 
 def _studies_named(s: Session, names: list[str]) -> list[Row[Any]]:
     """The studies among ``names`` that exist, in the order of ``names``: ``id, name, dataset,
-    loss, strategy, preset, created, code_version, config``."""
+    loss, strategy, preset, created, code_version, config, settings``."""
     found = {
         row.name: row
         for row in s.execute(
@@ -79,6 +79,7 @@ def _studies_named(s: Session, names: list[str]) -> list[Row[Any]]:
                 Study.created,
                 Study.code_version,
                 Study.config,
+                Study.settings,
             ).where(Study.name.in_(names))
         ).all()
     }

@@ -235,6 +235,7 @@ def test_csv_is_tidy_with_strategy_p_value_and_not_worse(url):
         "archived",
         "untrained_test",
         "warm_start",
+        "pruning_risk",
     ]
     assert not table["test_set_selection"].any()  # no traditional study in this store
     assert len(table) == len(STUDIES) * 6  # every study in the store, one line per cell

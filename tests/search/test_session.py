@@ -182,6 +182,7 @@ def test_report_formats_and_ci_against_scipy(finished_study, tmp_path):
         "archived",
         "untrained_test",
         "warm_start",
+        "pruning_risk",
     ]
     assert not table["test_set_selection"].any()  # the reality check's protocol
     baseline = table[table["loss"] == "random_init"]  # the untrained tiny_cnn, first, n = 1
