@@ -267,6 +267,16 @@ def table_blocks(summary: pd.DataFrame) -> list[Block]:
     ]
 
 
+def pruning_notes(summary: pd.DataFrame) -> list[str]:
+    """The pruning note and, per pruned study, its rules and their measured risk."""
+    pruned = summary[(summary["pruner"] != "none") & ~summary["baseline"]]
+    out = [PRUNED_NOTE] if len(pruned) else []
+    for study, g in pruned.groupby("study", sort=False):
+        risk = g["pruning_risk"].iloc[0]
+        out.append(f"{DDAGGER} {study}: {g['pruner'].iloc[0]}{'; ' + risk if risk else ''}")
+    return out
+
+
 def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
     """The legend's notes after the marks: the traditional protocol's leakage, baselines,
     pruning, protocols, budgets, zeros."""
@@ -275,12 +285,7 @@ def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
     kinds = [k for k in BASELINE_KINDS if ((summary["loss"] == k) & summary["baseline"]).any()]
     if kinds:
         out.append("; ".join(BASELINE_NOTES[k] for k in kinds) + BASELINE_NOTE_END)
-    pruned = summary[(summary["pruner"] != "none") & ~summary["baseline"]]
-    if len(pruned):
-        out.append(PRUNED_NOTE)
-        for study, g in pruned.groupby("study", sort=False):
-            risk = g["pruning_risk"].iloc[0]
-            out.append(f"{DDAGGER} {study}: {g['pruner'].iloc[0]}{'; ' + risk if risk else ''}")
+    out += pruning_notes(summary)
     if (summary["warm_start"].astype(bool) & ~summary["baseline"]).any():
         out.append(WARM_NOTE)
     # (dataset, traditional) -> its blocks, when it has several protocols
