@@ -276,6 +276,8 @@ def recorded_study(engine: Any, name: str, finished: bool = True) -> RecordedStu
             f"{', trial ' + str(open_[0]) + ' still open' if open_ else ''}): "
             "replay needs a finished search"
         )
+    if not any(t.state == "complete" and t.value is not None for t in counted):
+        raise StudyError(f"study {name!r} has no complete trial: nothing to replay")
     preset = cfg.get("preset") or {}
     metric = preset.get("selection_metric") or "map_at_r"
     curves = store.curves.search_curves(engine, st.id, metric)
