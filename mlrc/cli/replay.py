@@ -4,6 +4,7 @@ and an in-fold stopping rule, from its recorded curves (no training)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -33,7 +34,9 @@ def replay(
         Path | None,
         typer.Option("--corpus", help="replay the studies of a corpus file (bench/corpus/)"),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per study")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="one JSON object per study and line")
+    ] = False,
 ) -> None:
     """Replay finished, unpruned studies under a pruner and an in-fold stopping rule, without
     training: per study, the fold-epochs spent (a fraction of the unpruned study's), whether
@@ -57,9 +60,8 @@ def replay(
             engine = store.connect(storage, read_only=True)
             recorded += [rp.recorded_study(engine, name) for name in studies]
         results = [rp.replay(s, rules) for s in recorded]
-    if as_json:
-        for r in results:
-            console.print_json(json.dumps(r.as_json()))
+    if as_json:  # JSON Lines: one object per study
+        sys.stdout.write("".join(json.dumps(r.as_json()) + "\n" for r in results))
         return
     _table(results, rules.label())
 
