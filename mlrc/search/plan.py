@@ -28,6 +28,7 @@ from mlrc.config import ConfigError, ResolvedStudy, canonical_json
 from mlrc.search.campaign_runner import FINISHED
 from mlrc.search.plan_ci import half_width, reproductions_for, spread_of
 from mlrc.search.plan_disk import checkpoint_bytes, disk_bytes
+from mlrc.search.pruning import measured_risk
 from mlrc.store.campaigns import study_progress
 from mlrc.store.costs import FoldCost, ReproductionValue, fold_costs, reproduction_values
 
@@ -343,6 +344,18 @@ def _notes(
                 line = f"{head}: {est.source.replace('estimated from', 'estimating from', 1)}"
             if line not in notes:
                 notes.append(line)
+    for _, r in studies:  # pruning spends less than the budget: by how much, as measured
+        if (risk := measured_risk(r)) is not None:
+            frac = (
+                f"; replayed on the corpus these rules spent {risk['fold_epochs_fraction']:.2f}× "
+                "the unpruned fold-epochs"
+                if risk["measured"]
+                else ""
+            )
+            notes.append(
+                f"{r.study.name}: searched with pruning ({risk['rules']}): its search figures "
+                f"are upper bounds{frac}"
+            )
     done = [p for p in plans if p.folds_left < p.folds]
     if done:
         left, total = sum(p.folds_left for p in plans), sum(p.folds for p in plans)

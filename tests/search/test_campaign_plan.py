@@ -7,8 +7,10 @@ one runs a real one-study campaign and plans it grown."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
+from importlib import resources
 
 import numpy as np
 import pytest
@@ -24,6 +26,7 @@ from mlrc.cli.campaign import campaign_app
 from mlrc.search.campaign_runner import parse_campaign, register, resolve_campaign
 from mlrc.search.plan import plan_campaign
 from mlrc.search.plan_ci import TYPICAL, reproductions_for
+from mlrc.search.pruning import RISK_TABLE
 from mlrc.store import results, trials
 from mlrc.store.engine import session
 from mlrc.store.schema import EpochMetric, FoldRun, Study, TestResult, Trial
@@ -340,3 +343,16 @@ def test_a_real_campaign_run_partly_then_planned_grown(tmp_path):
     assert p.ci == pytest.approx(stats.t.ppf(0.975, 2) * s / math.sqrt(3))
     out = cli("campaign", "status", path, "--storage", url).output
     assert "6 / 6" in out  # every planned fold training spent
+
+
+def test_a_pruned_campaign_says_its_search_is_an_upper_bound(tmp_path):
+    path = tmp_path / "camp.yaml"
+    path.write_text(yaml.safe_dump(doc(search={"trials": 3, "seed": 5, "pruner": "wilcoxon"})))
+    out = cli("campaign", "plan", path, "--storage", f"sqlite:///{tmp_path / 'new.db'}").output
+    table = json.loads(resources.files("mlrc.resources").joinpath(RISK_TABLE).read_text())
+    entry = table["rules"].get("wilcoxon(p=0.3)")
+    lines = [x for x in out.replace("\n ", " ").splitlines() if "searched with pruning" in x]
+    assert len(lines) == len(LOSSES)
+    assert "(wilcoxon(p=0.3)): its search figures are upper bounds" in lines[0]
+    if entry is not None:  # measured on the corpus: the replay figure, as tuned
+        assert f"spent {entry['fold_epochs_fraction']:.2f}× the unpruned" in lines[0]
