@@ -146,14 +146,14 @@ def test_replay_refuses_pruned_and_unfinished_studies(studies):
 
 def test_unfinished_study_is_refused(tmp_path):
     url = f"sqlite:///{tmp_path / 'u.db'}"
-    resolved = _study_file(tmp_path, "half", {"trials": 2})
+    resolved = _study_file(tmp_path, "half", {"trials": 1})
     with S.open_study(resolved, url, tmp_path / "art", progress=False) as ctx:
         S.run_search(ctx)
     engine = store.connect(url)
-    grown = _study_file(tmp_path, "half", {"trials": 3})
+    grown = _study_file(tmp_path, "half", {"trials": 2})
     with S.open_study(grown, url, tmp_path / "art", progress=False):
-        pass  # the budget grows to 3: two trials done
-    with pytest.raises(StudyError, match=r"not finished \(2 of 3 trials done\)"):
+        pass  # the budget grows to 2: one trial done
+    with pytest.raises(StudyError, match=r"not finished \(1 of 2 trials done\)"):
         rp.recorded_study(engine, "half")
 
 
