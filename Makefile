@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+EXTRAS ?= dev,postgres,dashboard,tracking   # CI adds ax (.ci/run)
 
 .PHONY: demo test lint venv clean
 
@@ -11,7 +12,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,dashboard,tracking]'
+	$(BIN)/python -m pip install --quiet -e '.[$(strip $(EXTRAS))]'
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -227,7 +227,7 @@ class SearchSpec(Strict):
     pruning."""
 
     trials: int | None = Field(None, ge=1)
-    sampler: Literal["gp", "tpe"] | None = None
+    sampler: Literal["gp", "tpe", "ax"] | None = None  # ax: the ax extra (mlrc.search.ax_sampler)
     seed: int = Field(0, ge=0, le=2**31 - 1)  # Optuna/NumPy and faiss take 31-bit seeds
     enqueue: list[dict[str, Any]] = []
     # the best configurations of a finished study, tried after ``enqueue`` (a study file's only)

@@ -47,7 +47,7 @@ class ResolvedStudy(Strict):
     space: dict[str, ParamSpace]
     fixed: dict[str, Any]
     trials: int
-    sampler: Literal["gp", "tpe"]
+    sampler: Literal["gp", "tpe", "ax"]
     reproductions: int
     pruner: Literal["none", "median", "wilcoxon"] = "none"
     prune_startup: int = 5

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import optuna
@@ -27,6 +27,17 @@ log = logging.getLogger("mlrc")
 PRUNED = "pruned"  # reasons of pruned trials start with it
 
 ShouldPrune = Callable[[int, dict[int, float]], bool]
+
+
+class Outcome(NamedTuple):
+    """How a trial's folds ended: mean validation MAP@R (None: failed), the reason of a failure
+    or a non-finite fold, and the SEM of the fold values (None with one fold or none)."""
+
+    value: float | None
+    reason: str | None
+    sem: float | None
+
+
 FoldRunner = Callable[["StudySession", dict[str, Any], int], Iterator[tuple[int, FoldResult]]]
 
 
@@ -45,11 +56,12 @@ def run_objective(
     on_fold: Callable[[int, float], None] | None = None,
     folds: FoldRunner = sequential_folds,
     should_prune: ShouldPrune | None = None,
-) -> tuple[float | None, str | None]:
-    """Train the folds of one trial; (mean val MAP@R, None), (None, failure reason), or — a fold
-    whose loss or embeddings went non-finite — (0.0, reason): as in the reference harness, whose
-    trial then returns (mean 0, SEM 0) to the optimiser, so the sampler learns to avoid the
-    region (a FAILED trial would be ignored by GP and TPE). The trial stops at that fold.
+) -> Outcome:
+    """Train the folds of one trial; (mean val MAP@R, None, fold SEM), (None, failure reason,
+    None), or — a fold whose loss or embeddings went non-finite — (0.0, reason, 0.0): as in the
+    reference harness, whose trial then returns (mean 0, SEM 0) to the optimiser, so the sampler
+    learns to avoid the region (a FAILED trial would be ignored by GP and TPE). The trial stops
+    at that fold. The SEM (None with one fold) is what ``sampler: ax`` gives Ax as the noise.
     ``on_fold(k, running mean)`` is called as the k-th fold finishes (in completion order);
     ``should_prune(fold, values)`` (:func:`pruning`) returning True after a fold that is not the
     last stops the trial, and so does a fold that ``search.stop`` ended early (status "stopped",
@@ -76,7 +88,7 @@ def _folds_of_trial(
     on_fold: Callable[[int, float], None] | None,
     folds: FoldRunner,
     should_prune: ShouldPrune | None,
-) -> tuple[float | None, str | None]:
+) -> Outcome:
     """The body of :func:`run_objective`: the folds in turn, the trial's outcome recorded."""
     values: dict[int, float] = {}
     n_folds = len(ctx.split.folds)
@@ -90,11 +102,11 @@ def _folds_of_trial(
         if res.nonfinite:  # "non-finite loss at iteration i, fold f" (store.NONFINITE)
             reason = f"{res.reason}, fold {fold}"
             finish_trial(ctx, number, "complete", 0.0, 0.0, reason)
-            return 0.0, reason
+            return Outcome(0.0, reason, 0.0)
         if res.status != "complete":
             reason = f"fold {fold}: {res.reason}"
             finish_trial(ctx, number, "failed", None, None, reason)
-            return None, reason
+            return Outcome(None, reason, None)
         values[fold] = res.objective
         k, running = len(values), float(np.mean(list(values.values())))
         if on_fold is not None and k < n_folds:
@@ -107,7 +119,7 @@ def _folds_of_trial(
     # one fold (the traditional preset) has no spread to speak of: no SEM, rather than NaN
     sem = float(np.std(v, ddof=1) / math.sqrt(len(v))) if len(v) > 1 else None
     finish_trial(ctx, number, "complete", mean, sem, None)
-    return mean, None
+    return Outcome(mean, None, sem)
 
 
 def end_on_error(ctx: StudySession, number: int, params: dict[str, Any], e: BaseException) -> str:

@@ -26,7 +26,7 @@ def optuna_study(ctx: StudySession, storage: Any = None) -> optuna.Study:
             storage=storage or ctx.url,
             direction="maximize",
             load_if_exists=True,
-            sampler=make_sampler(r.sampler, r.study.search.seed),
+            sampler=make_sampler(r.sampler, r.study.search.seed, r.space),
             pruner=make_pruner(r),
         ),
         ctx.engine,

@@ -22,7 +22,7 @@ import optuna
 from optuna.trial import TrialState
 
 from mlrc import store
-from mlrc.config.identity import derive_seed
+from mlrc.search.ax_sampler import SEM_ATTR
 from mlrc.search.errors import INTERRUPTED, Interrupted, ending
 from mlrc.search.heartbeat import (
     HEARTBEAT_S,
@@ -89,16 +89,16 @@ def run_search(
             ):
                 try:
                     prune = pruning(ctx, claim.trial)
-                    value, reason = run_objective(
+                    value, reason, sem = run_objective(
                         ctx, claim.trial.number, claim.params, should_prune=prune
                     )
                 except optuna.TrialPruned as e:
-                    value, reason = None, str(e)
+                    value, reason, sem = None, str(e), None
                     claim.trial.set_user_attr("reason", reason)
         except RankLost as e:  # recorded interrupted and retried: this worker goes on
             log.warning("trial %d interrupted (%s): retried", claim.trial.number, e)
             continue
-        tell_optuna(ctx, ostudy, claim, value, reason)
+        tell_optuna(ctx, ostudy, claim, value, reason, sem)
 
 
 def _prepare(ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
@@ -132,10 +132,8 @@ def _claim(
         # The k-th suggestion is drawn with a seed of its own, so an interrupted and resumed
         # study proposes the same sequence as an uninterrupted one (a resumed process would
         # otherwise restart the sampler's random stream and repeat earlier parameters).
-        ostudy.sampler = make_sampler(
-            ctx.resolved.sampler,
-            derive_seed(ctx.resolved.study.search.seed, "sampler", done + running),
-        )
+        r = ctx.resolved
+        ostudy.sampler = make_sampler(r.sampler, r.study.search.seed, r.space, done + running)
         trial = ostudy.ask()
         params = suggest(trial, ctx.resolved.space)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
@@ -145,15 +143,23 @@ def _claim(
 
 
 def tell_optuna(
-    ctx: StudySession, ostudy: optuna.Study, claim: _Claim, value: float | None, reason: str | None
+    ctx: StudySession,
+    ostudy: optuna.Study,
+    claim: _Claim,
+    value: float | None,
+    reason: str | None,
+    sem: float | None = None,
 ) -> None:
     """Tell Optuna how a claimed trial ended, after mlrc's table has it (the crash corpus kills a
-    worker here: ``tests/bad_inputs/test_crash_consistency.py``)."""
+    worker here: ``tests/bad_inputs/test_crash_consistency.py``); the fold SEM of a trial with
+    a value is its user attribute ``sem`` (``sampler: ax`` reads it)."""
 
     def tell() -> None:
         if value is not None:  # a reason beside a value: scored 0 for a non-finite loss
             if reason is not None:
                 claim.trial.set_user_attr("reason", reason)
+            if sem is not None:
+                claim.trial.set_user_attr(SEM_ATTR, sem)
             ostudy.tell(claim.trial, value)
         elif reason is not None and reason.startswith(PRUNED):
             ostudy.tell(claim.trial, state=TrialState.PRUNED)

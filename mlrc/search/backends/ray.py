@@ -27,6 +27,7 @@ from ray.tune.search.optuna import OptunaSearch
 from mlrc import store
 from mlrc.config import ResolvedStudy
 from mlrc.config.identity import params_hash
+from mlrc.search.ax_sampler import SEM_ATTR
 from mlrc.search.backends.ray_train import ray_train_fold
 from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending, failure_reason
 from mlrc.search.folds import run_fold
@@ -132,7 +133,7 @@ def _searcher(job: Job, storage: Any) -> _Searcher:
         space=_DefineByRun(r.space),
         metric="map_at_r",
         mode="max",
-        sampler=make_sampler(r.sampler, r.study.search.seed),
+        sampler=make_sampler(r.sampler, r.study.search.seed, r.space),
         study_name=r.study.name,
         storage=storage,
     )
@@ -160,14 +161,16 @@ def _trainable(config: dict[str, Any], job: Job) -> None:
     folds = _parallel_folds(job) if job.fold_parallel else sequential_folds
     with TrialHeartbeat(storage, trial_id, job.heartbeat_s):
         try:
-            value, reason = run_objective(ctx, number, params, on_fold=on_fold, folds=folds)
+            value, reason, sem = run_objective(ctx, number, params, on_fold=on_fold, folds=folds)
         except Exception as e:
             how, reason = ending(e)  # run_objective recorded mlrc's row and folds
             if how != "failed":  # a signal or a lost database: interrupted, see _record_outcomes
                 raise
-            value = None
+            value, sem = None, None
     if reason is not None:
         storage.set_trial_user_attr(trial_id, "reason", reason)
+    if value is not None and sem is not None:  # the fold SEM, read by ``sampler: ax``
+        storage.set_trial_user_attr(trial_id, SEM_ATTR, sem)
     if value is None:
         tune.report({"map_at_r": 0.0, "folds_done": n, "final": True, "failed": reason})
     else:  # with a reason: scored 0 for a non-finite loss, an observation like any other
