@@ -116,8 +116,9 @@ def _inside(value: Any, d: BaseDistribution) -> bool:
 def _client(space: dict[str, BaseDistribution], seed: int) -> Any:
     """An Ax ``Client`` with the experiment (``space``) and the objective (maximised)."""
     from ax.api import Client
+    from ax.utils.common.logger import set_ax_logger_levels
 
-    logging.getLogger("ax").setLevel(logging.WARNING)
+    set_ax_logger_levels(logging.WARNING)  # not a line per trial
     client = Client(random_seed=seed)
     client.configure_experiment(parameters=[ax_parameter(n, d) for n, d in space.items()])
     client.configure_optimization(objective=OBJECTIVE)

@@ -37,6 +37,7 @@ __all__ = [
     "running_trial_hashes",
     "start_fold",
     "start_trial",
+    "study_trials",
     "top_trials",
     "trial_state",
 ]
@@ -237,6 +238,16 @@ def best_trial(engine: Engine, study_id: int) -> TrialRecord | None:
     def read(s: Session) -> TrialRecord | None:
         row = s.execute(query).scalar_one_or_none()
         return None if row is None else from_row(TrialRecord, row)
+
+    return transact(engine, read, "reading trials")
+
+
+def study_trials(engine: Engine, study_id: int) -> list[TrialRecord]:
+    """Every trial of the study (value, fold SEM, state), by number."""
+    query = select(Trial).filter_by(study_id=study_id).order_by(Trial.number)
+
+    def read(s: Session) -> list[TrialRecord]:
+        return [from_row(TrialRecord, row) for row in s.execute(query).scalars()]
 
     return transact(engine, read, "reading trials")
 
