@@ -1,12 +1,13 @@
 """Search samplers, parallel workers and warm starts, simulated on surrogates of a corpus of
 complete studies (no training: each "trial" is one evaluation of a regression model).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/search_sim.py [--storage URL] [--seeds 10]
-        [--ax-seeds 2] [--trials 20] [--min-trials 20]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/search_sim.py --storage sqlite:///corpus.db
+        [--seeds 10] [--ax-seeds 2] [--trials 20] [--min-trials 20]
 
-The corpus: the Optuna studies ``corpus-<loss>-<dataset>`` of ``--storage`` (default the SQLite
-store /work/corpus/corpus.db) with at least ``--min-trials`` complete trials; each trial's fold
-SEM is read from mlrc's trial table of the same store.
+The corpus: the Optuna studies ``corpus-<loss>-<dataset>`` (dataset omniglot or glyphs; e.g.
+cpu-preset studies of 20 trials, ``sampler: gp``) of the store ``--storage`` with at least
+``--min-trials`` complete trials; each trial's fold SEM is read from mlrc's trial table of the
+same store. The ``ax`` extra is needed.
 
 Surrogate of a study: a Gaussian-process regression (scikit-learn: Matern 5/2 with ARD length
 scales plus a white-noise term, normalised targets) of its complete trials' MAP@R on the
@@ -283,7 +284,7 @@ def _md(t: pd.DataFrame) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--storage", default="sqlite:////work/corpus/corpus.db")
+    p.add_argument("--storage", required=True, help="the corpus store, e.g. sqlite:///corpus.db")
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--ax-seeds", type=int, default=2)
     p.add_argument("--trials", type=int, default=20)
