@@ -232,18 +232,20 @@ def tables(df: pd.DataFrame) -> str:
     """The three markdown tables (mean % of the surrogate's optimum over studies and seeds)."""
     out = []
     one = df[df.workers == 1]
-    at = [5, 10, 15, 20]
+    last = int(df.trials.max())
+    at = sorted({n for n in (5, 10, 15) if n < last} | {last})
     sam = one[(one.experiment == "samplers") & one.trials.isin(at)]
     t = sam.pivot_table(index="sampler", columns="trials", values="pct", aggfunc="mean")
-    n = sam.groupby("sampler").seed.nunique()
-    t.insert(0, "seeds", n)
+    t.insert(0, "seeds", sam.groupby("sampler").seed.nunique())
+    t[f"SE at {last}"] = _se(sam[sam.trials == last], "sampler")
     out.append(
         "Picked trial's true value, % of the surrogate's optimum, after n trials "
-        "(1 worker; mean over studies and seeds):\n\n" + _md(t)
+        "(1 worker; mean over studies and seeds; SE: standard error over the runs):\n\n" + _md(t)
     )
     par = pd.concat([sam[sam.sampler.isin(["tpe", "gp"])], df[df.experiment == "parallel"]])
-    par = par[par.trials.isin([10, 20])]
+    par = par[par.trials.isin([last // 2, last])]
     t = par.pivot_table(index=["sampler", "workers"], columns="trials", values="pct")
+    t[f"SE at {last}"] = _se(par[par.trials == last], ["sampler", "workers"])
     out.append(
         "Parallel workers (trials in flight), % of the optimum after n trials "
         "(tpe: constant liar on; 1 worker: the same search either way):\n\n" + _md(t)
@@ -269,6 +271,11 @@ def tables(df: pd.DataFrame) -> str:
             "budget):\n\n" + _md(t)
         )
     return "\n\n".join(out)
+
+
+def _se(df: pd.DataFrame, by) -> pd.Series:
+    """Standard error of the mean ``pct`` over the runs of each group."""
+    return df.groupby(by).pct.agg(lambda x: x.std(ddof=1) / math.sqrt(len(x)))
 
 
 def _md(t: pd.DataFrame) -> str:
