@@ -2,12 +2,13 @@
 complete studies (no training: each "trial" is one evaluation of a regression model).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/search_sim.py --storage sqlite:///corpus.db
-        [--seeds 10] [--ax-seeds 2] [--trials 20] [--min-trials 20]
+        [--seeds 10] [--ax-seeds 2] [--trials 20] [--min-trials 20] [--warm-min-trials 5]
 
 The corpus: the Optuna studies ``corpus-<loss>-<dataset>`` (dataset omniglot or glyphs; e.g.
 cpu-preset studies of 20 trials, ``sampler: gp``) of the store ``--storage`` with at least
 ``--min-trials`` complete trials; each trial's fold SEM is read from mlrc's trial table of the
-same store. The ``ax`` extra is needed.
+same store. The study a warm start copies its 5 points from needs only ``--warm-min-trials``
+complete trials (it is not simulated). The ``ax`` extra is needed.
 
 Surrogate of a study: a Gaussian-process regression (scikit-learn: Matern 5/2 with ARD length
 scales plus a white-noise term, normalised targets) of its complete trials' MAP@R on the
@@ -182,7 +183,9 @@ def search(
 
 def run(args: argparse.Namespace, corpus: dict[str, Corpus]) -> pd.DataFrame:
     """Every simulation on the surrogates of ``corpus``: one row per run and trial count."""
-    surrogates = {name: Surrogate(c) for name, c in sorted(corpus.items())}
+    surrogates = {
+        name: Surrogate(c) for name, c in sorted(corpus.items()) if len(c.values) >= args.min_trials
+    }
     rows: list[dict] = []
 
     def record(exp: str, name: str, kind: str, workers: int, warm: bool, seed: int, picked):
@@ -215,13 +218,29 @@ def run(args: argparse.Namespace, corpus: dict[str, Corpus]) -> pd.DataFrame:
                     record("parallel", name, kind, workers, False, seed, picked)
         other = corpus.get(f"corpus-{s.corpus.loss}-{_other(s.corpus.dataset)}")
         if other is not None:
-            top = [other.params[i] for i in np.argsort(-other.values)[:5]]
+            top = [_into(other.params[i], s.corpus.space) for i in np.argsort(-other.values)[:5]]
             for kind in ("tpe", "gp"):
                 for seed in range(args.seeds):
                     picked = search(s, kind, seed, args.trials, warm=top)
                     record("warm", name, kind, 1, True, seed, picked)
         print(f"{name}: {time.time() - start:.0f} s", file=sys.stderr, flush=True)
     return pd.DataFrame(rows)
+
+
+def _into(params: dict, space: dict[str, BaseDistribution]) -> dict:
+    """``params`` of another study's space moved into ``space`` (per-dataset ranges can differ):
+    numbers clipped to the range, a missing or foreign choice left to the sampler."""
+    out = {}
+    for name, d in space.items():
+        if name not in params:
+            continue
+        v = params[name]
+        if isinstance(d, CategoricalDistribution):
+            if v in d.choices:
+                out[name] = v
+        else:
+            out[name] = type(d.low)(min(max(v, d.low), d.high))
+    return out
 
 
 def _other(dataset: str) -> str:
@@ -296,11 +315,12 @@ def main() -> None:
     p.add_argument("--ax-seeds", type=int, default=2)
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--min-trials", type=int, default=20)
+    p.add_argument("--warm-min-trials", type=int, default=5)
     p.add_argument("--samplers", nargs="+", default=["tpe", "gp", "ax"])
     args = p.parse_args()
     start = time.time()
-    corpus = load_corpus(args.storage, args.min_trials)
-    if not corpus:
+    corpus = load_corpus(args.storage, min(args.min_trials, args.warm_min_trials))
+    if not any(len(c.values) >= args.min_trials for c in corpus.values()):
         sys.exit(f"no corpus study with >= {args.min_trials} complete trials in {args.storage}")
     print(
         "corpus: " + ", ".join(f"{n} ({len(c.values)})" for n, c in corpus.items()), file=sys.stderr
