@@ -2,7 +2,7 @@
 complete studies (no training: each "trial" is one evaluation of a regression model).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/search_sim.py --storage sqlite:///corpus.db
-        [--seeds 10] [--ax-seeds 2] [--trials 20] [--min-trials 20] [--warm-min-trials 5]
+        [--seeds 10] [--ax-seeds 5] [--trials 20] [--min-trials 20] [--warm-min-trials 5]
 
 The corpus: the Optuna studies ``corpus-<loss>-<dataset>`` (dataset omniglot or glyphs; e.g.
 cpu-preset studies of 20 trials, ``sampler: gp``) of the store ``--storage`` with at least
@@ -312,7 +312,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--storage", required=True, help="the corpus store, e.g. sqlite:///corpus.db")
     p.add_argument("--seeds", type=int, default=10)
-    p.add_argument("--ax-seeds", type=int, default=2)
+    p.add_argument("--ax-seeds", type=int, default=5)
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--min-trials", type=int, default=20)
     p.add_argument("--warm-min-trials", type=int, default=5)
