@@ -221,7 +221,7 @@ def live_fold_stop(ctx: Any, params_hash: str, fold: int) -> FoldStop | None:
     r: ResolvedStudy = ctx.resolved
     if r.stop is None:
         return None
-    rows = store.curves.study_trials(ctx.engine, ctx.study_id)
+    rows = store.trials.study_trials(ctx.engine, ctx.study_id)
     complete = [
         (t.number, t.params_hash, t.value)
         for t in rows

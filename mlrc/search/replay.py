@@ -266,7 +266,7 @@ def recorded_study(engine: Any, name: str, finished: bool = True) -> RecordedStu
             f"study {name!r} was searched with pruning ({cfg.get('pruner')}"
             f"{', search.stop' if cfg.get('stop') else ''}): replay needs an unpruned study"
         )
-    rows = store.curves.study_trials(engine, st.id)
+    rows = store.trials.study_trials(engine, st.id)
     open_ = [t.number for t in rows if t.state in ("running", "pruned")]
     budget = int(cfg.get("trials") or 0)
     counted = [t for t in rows if t.state in ("complete", "failed")]

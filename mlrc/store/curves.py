@@ -1,5 +1,6 @@
-"""What replay and in-fold stopping read of a study's search: its trials in order and every
-search fold run with its validation curve (:class:`FoldCurve`), in one read."""
+"""What replay and in-fold stopping read of a study's search besides its trials
+(:func:`mlrc.store.trials.study_trials`): every search fold run with its validation curve
+(:class:`FoldCurve`), in one read."""
 
 from __future__ import annotations
 
@@ -9,24 +10,14 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 
 from mlrc.store.engine import transact
-from mlrc.store.records import FoldCurve, TrialRecord, from_row
-from mlrc.store.schema import METRIC_COLUMNS, EpochMetric, FoldRun, Trial
+from mlrc.store.records import FoldCurve
+from mlrc.store.schema import METRIC_COLUMNS, EpochMetric, FoldRun
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from sqlalchemy.orm import Session
 
-__all__ = ["search_curves", "study_trials"]
-
-
-def study_trials(engine: Engine, study_id: int) -> list[TrialRecord]:
-    """The study's trials (mlrc's rows) by trial number."""
-    query = select(Trial).filter_by(study_id=study_id).order_by(Trial.number)
-    return transact(
-        engine,
-        lambda s: [from_row(TrialRecord, r) for r in s.execute(query).scalars()],
-        "reading trials",
-    )
+__all__ = ["search_curves"]
 
 
 def search_curves(engine: Engine, study_id: int, metric: str = "map_at_r") -> list[FoldCurve]:

@@ -73,7 +73,7 @@ def studies(tmp_path_factory):
 def test_replay_takes_the_live_runs_decisions(studies):
     engine, full = studies
     sid = store.studies.study_named(engine, "live").id
-    live = {t.number: t for t in store.curves.study_trials(engine, sid)}
+    live = {t.number: t for t in store.trials.study_trials(engine, sid)}
     curves = store.curves.search_curves(engine, sid)
     res = rp.replay(full, Rules("wilcoxon", prune_p=0.3, stop=StopSpec(**RULES["stop"])))
     assert res.decisions == {n: t.state for n, t in live.items()}
