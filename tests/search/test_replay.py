@@ -260,3 +260,15 @@ def test_status_names_the_rules_and_their_measured_risk(studies):
         assert "risk not measured on the corpus" in line
     full = store.studies.study_named(engine, "full").settings
     assert "pruning_risk" not in full  # an unpruned study carries none
+
+
+def test_replay_reads_a_postgresql_store(tmp_path, fresh_database):
+    resolved = _study_file(tmp_path, "pg", {"trials": 2})
+    with S.open_study(resolved, fresh_database, tmp_path / "art", progress=False) as ctx:
+        S.run_search(ctx)
+    out = cli("replay", "pg", "--storage", fresh_database, "--pruner", "wilcoxon", "--json")
+    doc = json.loads(out.output)
+    engine = store.connect(fresh_database)
+    curves = store.curves.search_curves(engine, store.studies.study_named(engine, "pg").id)
+    assert doc["full_fold_epochs"] == sum(max(e for e, _ in c.points) for c in curves)
+    assert doc["same_choice"] and doc["study"] == "pg"
