@@ -3,8 +3,8 @@
     .venv/bin/python bench/pruning.py corpus [--trials 20] [--storage URL] [--dataset ZIP]
     .venv/bin/python bench/pruning.py tune [--corpus bench/corpus/cpu-omniglot-glyphs.json.gz]
 
-``corpus`` runs complete, unpruned cpu-preset studies — losses contrastive, multi_similarity,
-ntxent and proxy_anchor × datasets Omniglot (the subset zip, $MLRC_OMNIGLOT_ZIP or --dataset) and glyphs
+``corpus`` runs complete, unpruned cpu-preset studies — losses contrastive, multi_similarity
+and ntxent × datasets Omniglot (the subset zip, $MLRC_OMNIGLOT_ZIP or --dataset) and glyphs
 (built in), ``--trials`` each (GP sampler, seed 0, one thread per fold, two studies at a time)
 — into one SQLite store (``--storage`` to reuse one), then writes their curves to
 ``bench/corpus/cpu-omniglot-glyphs.json.gz`` (:func:`mlrc.search.replay.write_corpus`) with the
@@ -46,7 +46,7 @@ from mlrc.search import replay as rp  # noqa: E402
 from mlrc.search.pruning import RISK_TABLE, Rules  # noqa: E402
 
 CORPUS = BENCH / "corpus" / "cpu-omniglot-glyphs.json.gz"
-LOSSES = ("contrastive", "multi_similarity", "ntxent", "proxy_anchor")
+LOSSES = ("contrastive", "multi_similarity", "ntxent")
 GOAL_FRACTION, GOAL_REGRET = 0.3, 0.002  # issue #25: ≤ 0.3 × fold-epochs, regret ≤ 0.2 points
 
 
