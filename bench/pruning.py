@@ -104,7 +104,7 @@ def grid() -> list[Rules]:
     stops = [None] + [
         StopSpec(quantile=q, slack=s, startup=n, future=f)
         for q, s, n, f in itertools.product(
-            (0.5, 0.75, 0.9, 1.0), (0.0, 0.02, 0.05), (1, 2, 3), ("incumbent", "best")
+            (0.5, 0.75, 0.9, 1.0), (0.0, 0.01, 0.02, 0.05), (1, 2, 3), ("incumbent", "best")
         )
     ]
     return [Rules(p.pruner, p.prune_startup, p.prune_p, stop) for p in pruners for stop in stops]

@@ -197,12 +197,14 @@ class StopSpec(Strict):
     a fold not yet started may beat the incumbent's (``future: incumbent``) or the best value
     any trial reached on it (``future: best``), ``startup``: complete trials before any stop."""
 
+    # the defaults: the cheapest rule that kept the full protocol's choice in every study of the
+    # committed corpus (bench/pruning.py tune; docs/guide/performance.md)
     rule: Literal["gain"] = "gain"
     quantile: float = Field(1.0, gt=0, le=1)
-    slack: float = Field(0.0, ge=0, le=1)
-    startup: int = Field(2, ge=1)
+    slack: float = Field(0.02, ge=0, le=1)
+    startup: int = Field(1, ge=1)
     # a fold not started may reach the incumbent's value on it, or the best any trial reached
-    future: Literal["incumbent", "best"] = "incumbent"
+    future: Literal["incumbent", "best"] = "best"
 
 
 class WarmStartSpec(Strict):
