@@ -35,7 +35,6 @@ __all__ = [
     "best_fold_values",
     "Rules",
     "measured_risk",
-    "describe",
     "fold_reports",
     "fold_stop",
     "incumbent_of",
@@ -185,18 +184,6 @@ def validation_epochs(r: ResolvedStudy, dataset: str) -> list[int]:
 def trained_curve(points: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
     """A stored curve's trained epochs (≥ 1), the objective's points."""
     return [(e, v) for e, v in points if e >= 1]
-
-
-def describe(r: ResolvedStudy) -> dict[str, Any]:
-    """The study's pruning and stopping settings as a plain dict (what is stored and shown)."""
-    out: dict[str, Any] = {"pruner": r.pruner}
-    if r.pruner == "median":
-        out["prune_startup"] = r.prune_startup
-    if r.pruner == "wilcoxon":
-        out["prune_p"] = r.prune_p
-    if r.stop is not None:
-        out["stop"] = r.stop.model_dump()
-    return out
 
 
 def incumbent_of(
