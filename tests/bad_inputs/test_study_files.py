@@ -165,7 +165,7 @@ WRONG_TYPES = [
     case(
         "sampler-name",
         patch("search: {sampler: random}"),
-        "search.sampler: Input should be 'gp' or 'tpe' (got 'random')",
+        "search.sampler: Input should be 'gp', 'tpe' or 'ax' (got 'random')",
     ),
     case(
         "pruner-typo",

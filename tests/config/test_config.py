@@ -154,7 +154,7 @@ def test_reference_preset_has_every_protocol_number():
             "unknown preset field 'max_epoch'; did you mean 'max_epochs'?",
         ),
         (with_(overrides={"max_epochs": "many"}), "max_epochs: Input should be a valid integer"),
-        (with_(search__sampler="random"), "search.sampler: Input should be 'gp' or 'tpe'"),
+        (with_(search__sampler="random"), "search.sampler: Input should be 'gp', 'tpe' or 'ax'"),
         (
             with_(test__reproductions=1),
             "test.reproductions: Input should be greater than or equal to 2",

@@ -202,7 +202,9 @@ def test_a_non_finite_trial_is_complete_with_0_and_the_next_suggestion_saw_it(
     parameters equal those of a sampler (same per-position seed) that saw trial 0 as COMPLETE
     0 — and differ from one that saw it as FAIL (what mlrc did before), so the test can fail."""
 
-    def tpe(name, seed):
+    def tpe(name, seed, space=None, position=None):  # as mlrc.search.space.sampler seeds it
+        if position is not None:
+            seed = derive_seed(seed, "sampler", position)
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=1)
 
     for module in (local, optuna_setup):  # where the study's samplers are made
