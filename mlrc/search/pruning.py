@@ -173,12 +173,10 @@ def fold_stop(
     )
 
 
-def validation_epochs(r: ResolvedStudy, dataset: str) -> list[int]:
-    """The trained epochs at which a fold of study ``r`` validates (every ``validate_every``
-    and the last)."""
-    p = r.preset
-    every, last = p.per_dataset("validate_every", dataset), p.max_epochs
-    return sorted({*range(every, last + 1, every), last})
+def validation_epochs(every: int, last: int) -> tuple[int, ...]:
+    """The trained epochs at which a fold validates: every ``every`` (``validate_every``) and
+    the ``last`` (``max_epochs``)."""
+    return tuple(sorted({*range(every, last + 1, every), last}))
 
 
 def trained_curve(points: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -234,7 +232,9 @@ def live_fold_stop(ctx: Any, params_hash: str, fold: int) -> FoldStop | None:
         incumbent_of(complete, full),
         len(complete),
         [trained_curve(c.points) for c in curves],
-        validation_epochs(r, r.study.dataset.name),
+        validation_epochs(
+            r.preset.per_dataset("validate_every", r.study.dataset.name), r.preset.max_epochs
+        ),
         best_fold_values(by_hash.values()),
     )
 

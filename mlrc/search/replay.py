@@ -33,6 +33,8 @@ from mlrc.search.pruning import (
     fold_stop,
     incumbent_of,
     make_pruner,
+    trained_curve,
+    validation_epochs,
 )
 
 __all__ = [
@@ -211,7 +213,7 @@ def _replay_trial(
         values[f.fold] = f.objective
         order.append(f.fold)
         state.folds.setdefault(t.params_hash, {})[f.fold] = f.objective
-        state.curves.append([(e, v) for e, v in f.points if e >= 1])
+        state.curves.append(trained_curve(f.points))
         if _report(rules, trial, order, values, study.n_folds) and len(order) < study.n_folds:
             ostudy.tell(trial, state=optuna.trial.TrialState.PRUNED)
             return "pruned", False
@@ -227,7 +229,7 @@ def _walk(f: RecordedFold, stop: Any) -> tuple[int, float | None]:
     """(epochs trained, best so far where the rule ``stop`` ended the fold, else None): the
     rule is asked at each trained validation that does not end the fold by itself (a complete
     fold's last one ended it on patience or at the last epoch)."""
-    trained = [(e, v) for e, v in f.points if e >= 1]
+    trained = trained_curve(f.points)
     best: float | None = None
     for i, (e, v) in enumerate(trained):
         best = v if best is None else max(best, v)
@@ -279,6 +281,7 @@ def recorded_study(engine: Any, name: str, finished: bool = True) -> RecordedStu
     if not any(t.state == "complete" and t.value is not None for t in counted):
         raise StudyError(f"study {name!r} has no complete trial: nothing to replay")
     preset = cfg.get("preset") or {}
+    every = preset.get("validate_every") or {"default": 1}
     metric = preset.get("selection_metric") or "map_at_r"
     curves = store.curves.search_curves(engine, st.id, metric)
     by_hash: dict[str, list[RecordedFold]] = {}
@@ -303,17 +306,11 @@ def recorded_study(engine: Any, name: str, finished: bool = True) -> RecordedStu
         dataset=st.dataset,
         preset=st.preset,
         n_folds=int(preset.get("folds") or 4),
-        epochs=_validation_epochs(preset, st.dataset),
+        epochs=validation_epochs(
+            int(every.get(st.dataset, every.get("default", 1))), int(preset["max_epochs"])
+        ),
         trials=trials,
     )
-
-
-def _validation_epochs(preset: dict[str, Any], dataset: str) -> tuple[int, ...]:
-    """The epochs at which a fold validates, from a stored preset (as
-    :func:`mlrc.search.pruning.validation_epochs`)."""
-    every_by = preset.get("validate_every") or {"default": 1}
-    every, last = int(every_by.get(dataset, every_by.get("default", 1))), int(preset["max_epochs"])
-    return tuple(sorted({*range(every, last + 1, every), last}))
 
 
 def write_corpus(studies: Sequence[RecordedStudy], path: Path, about: dict[str, Any]) -> Path:

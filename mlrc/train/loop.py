@@ -403,10 +403,10 @@ def should_stop(run: FoldRun, epoch: int) -> bool:
 def stop_reason(run: FoldRun, epoch: int) -> str | None:
     """Why the search's in-fold rule (``spec.stop``, :mod:`mlrc.protocol.stopping`) ends the
     fold at ``epoch`` with its best trained value so far, or None (no rule, or go on)."""
-    best = trained_best(run.history, run.spec.preset.selection_metric)
-    if run.spec.stop is None or best is None:
+    if run.spec.stop is None:
         return None
-    return run.spec.stop.reason(epoch, best)
+    best = trained_best(run.history, run.spec.preset.selection_metric)
+    return None if best is None else run.spec.stop.reason(epoch, best)
 
 
 def save_last(run: FoldRun, epoch: int, res: FoldResult | None = None) -> None:
