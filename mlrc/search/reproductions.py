@@ -29,6 +29,7 @@ from mlrc.errors import first_line
 from mlrc.protocol import concatenate_embeddings, retrieval_metrics
 from mlrc.protocol.analysis import analysis_metrics, metrix_utilization, recall_ks
 from mlrc.protocol.retrieval import retrieval_view
+from mlrc.protocol.stats import separated_mean
 from mlrc.search import retention
 from mlrc.search.baseline import ensure_baseline, view_of_test_classes
 from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending, interrupt_behind
@@ -184,9 +185,7 @@ def _train_and_test(
         own = np.isin(np.asarray(ctx.split.trainval_classes)[tv_lab], fold.train_classes)
         m = _test_metrics(ctx, emb, labels, tv_emb[own])
         rows.append(("separated", fold.index, {**m, "best_epoch": float(res.best_epoch)}))
-    # separated aggregate: the mean of the four 128-D models' metrics (MLRC's MeanAggregator)
-    keys = rows[0][2].keys()
-    rows.append(("separated", -1, {k: float(np.mean([m[k] for _, _, m in rows])) for k in keys}))
+    rows.append(("separated", -1, _separated_row(rep, [m for _, _, m in rows])))
     joined = concatenate_embeddings(embeddings)
     m = _test_metrics(ctx, joined, labels, concatenate_embeddings(seen))
     epochs = [fm["best_epoch"] for _, fold, fm in rows if fold >= 0]
@@ -197,6 +196,29 @@ def _train_and_test(
     retention.collect(ctx)  # its folds' checkpoints are read no more (kept under keep: best)
     ctx.tracker.reproduction_finished(rep, params, rows)
     return None
+
+
+def _separated_row(rep: int, fold_rows: list[dict[str, float]]) -> dict[str, float]:
+    """The separated aggregate of reproduction ``rep``: the mean of its 128-D fold models'
+    metrics without the folds whose best epoch is 0 (the reference's ``MeanAggregator``:
+    :func:`mlrc.protocol.stats.separated_mean`); they still count in the concatenation."""
+    epochs = [int(m["best_epoch"]) for m in fold_rows]
+    means, _ = separated_mean(fold_rows, epochs)
+    untrained = [fold for fold, e in enumerate(epochs) if e == 0]
+    if untrained and len(untrained) < len(epochs):
+        log.info(
+            "reproduction %d: fold(s) %s kept the untrained model (best epoch 0): left out of "
+            "the separated mean, as the reference does",
+            rep,
+            untrained,
+        )
+    elif untrained:
+        log.warning(
+            "reproduction %d: every fold kept the untrained model (best epoch 0): the separated "
+            "mean is over all folds (the reference records no trained row)",
+            rep,
+        )
+    return means
 
 
 def _retrieval_view(ctx: StudySession, joined: np.ndarray, view: View, rep: int) -> dict | None:
