@@ -146,7 +146,7 @@ def _checked_roles(ds: ImageDataset, roles: Sequence[str] | np.ndarray, where: s
     if len(unknown):
         i = int(unknown[0])
         raise DatasetError(
-            f"{ds.origins[i]}: role {out[i]!r} is not one of {', '.join(ROLES)} ({where})"
+            f"{ds.origins[i]}: role {str(out[i])!r} is not one of {', '.join(ROLES)} ({where})"
         )
     in_gallery = set(ds.labels[out == "gallery"].tolist())
     lone = sorted(set(ds.labels[out == "query"].tolist()) - in_gallery)
