@@ -356,7 +356,8 @@ def _check_role_test(ds: ImageDataset, test: list[int], where: str) -> None:
     if missing:
         raise ConfigError(
             f"{where}: class {ds.class_names[missing[0]]!r} has query or gallery images in "
-            f"{ds.name} but is not listed: its test classes are those of its query and gallery images"
+            f"{ds.name} but is not listed: its test classes are those of its query and gallery "
+            "images"
         )
 
 

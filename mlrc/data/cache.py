@@ -99,11 +99,11 @@ def decoded_cache(
     memory-mapped from ``cache_dir`` (built there on first use; see the module docstring).
 
     Labels, class names, origins, roles, super-labels and transform are ``ds``'s; sources are
-    read-only uint8 ``(H, W, 3)`` views into the mapped file. An undecodable image raises ``DatasetError`` naming
-    its origin, and leaves no cache behind; so does a disk too small for it (size estimated from
-    the image headers, see :func:`check_room`). ``workers`` threads decode while building
-    (default: the CPU count, at most 8); the images are written in order, a few at a time, so
-    building needs little memory whatever the dataset's size.
+    read-only uint8 ``(H, W, 3)`` views into the mapped file. An undecodable image raises
+    ``DatasetError`` naming its origin, and leaves no cache behind; so does a disk too small for
+    it (size estimated from the image headers, see :func:`check_room`). ``workers`` threads
+    decode while building (default: the CPU count, at most 8); the images are written in order,
+    a few at a time, so building needs little memory whatever the dataset's size.
     """
     if resize <= 0:
         raise ValueError(f"resize must be a positive number of pixels, not {resize}")
