@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 
 from mlrc import data
@@ -214,3 +215,37 @@ def test_sop_reads_its_super_classes(tmp_path):
     view = View(cached, [2, 3], lambda im: im)
     got = baseline.test_super_labels(SimpleNamespace(dataset=ds), view)
     assert got.tolist() == [ranks[1], ranks[1], ranks[12]]  # classes 3, 3, 4 (the test half)
+
+
+# --- a real study session: its split and the rows of its test view ------------------------------
+
+
+@pytest.mark.parametrize("decoded_cache", [False, True])
+def test_a_study_on_a_folder_with_roles_tests_its_query_and_gallery_images(tmp_path, decoded_cache):
+    from mlrc.config import load_study
+    from mlrc.models.small import SmallCNN
+    from mlrc.search.session import build_session
+
+    plain = [f"{c}/{k}.png" for c in "abcdefgh" for k in range(2)]
+    root = tree(tmp_path / "photos", plain + [f for f in FOLDER_FILES if f.count("/") == 2])
+    doc = {
+        "name": "roles",
+        "dataset": {"name": "image_folder", "root": str(root)},
+        "preset": "cpu",
+        "loss": {"name": "contrastive"},
+        "search": {"trials": 1, "sampler": "tpe", "seed": 0},
+        "test": {"reproductions": 2},
+        "overrides": {"decoded_cache": decoded_cache},
+    }
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(doc))
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    ctx = build_session(load_study(study), url, tmp_path / "art", progress=False)
+    names = ctx.dataset.class_names
+    assert [names[c] for c in ctx.split.test_classes] == ["date", "fig", "plum"]
+    assert all(names[c] in "abcdefgh" for f in ctx.split.folds for c in f.val_classes)
+    view = baseline.view_of_test_classes(ctx, SmallCNN.input_spec)
+    assert (view.ds is not ctx.dataset) == decoded_cache and view.ds.roles is not None
+    items = expected_items(root, [f for f in FOLDER_FILES if f.count("/") == 2])
+    assert baseline.test_roles(ctx, view).tolist() == [role for _, role, _ in items]
+    assert [ctx.dataset.origins[i] for i in view.indices] == [p for _, _, p in items]
