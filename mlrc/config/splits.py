@@ -17,6 +17,11 @@ not need the dataset: format, class names listed twice, overlaps, counts) and re
 :class:`ResolvedSplit`, which is part of the study's identity; :func:`build_split` checks it
 against the dataset (every name known) and returns the :class:`~mlrc.protocol.splits.Split`.
 Every mistake is one :class:`ConfigError` line: ``study.yaml: split: FILE: what is wrong``.
+
+A dataset with query/gallery roles (``ImageDataset.roles``: In-Shop, an image folder with
+``query/`` and ``gallery/``) tests the classes of its query and gallery images whatever the
+split (:func:`role_test_classes`): without ``split:`` they replace MLRC's second half, and a
+split file's ``test`` must list exactly them; its other classes are cut into folds as usual.
 """
 
 from __future__ import annotations

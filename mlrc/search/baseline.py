@@ -23,7 +23,8 @@ log = logging.getLogger("mlrc")
 
 def baseline_of(r: ResolvedStudy) -> dict[str, Any]:
     """What defines the untrained row's numbers: the dataset, the trunk and its weights, the
-    eval transform (the test classes are the second half of the classes, whatever the folds)."""
+    eval transform (the test classes are the second half of the classes, or the query/gallery
+    classes of a dataset with roles, whatever the folds)."""
     p = r.preset
     return {
         "dataset": r.study.dataset.model_dump(mode="json"),
