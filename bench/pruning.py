@@ -248,9 +248,12 @@ def where(a: argparse.Namespace) -> None:
     full = spent = 0
     parts = dict.fromkeys(("full choice", "other complete", "pruned between folds", "stopped"), 0)
     floor, must = dict.fromkeys((1, 2, 3, 4), 0), 0
+    plain = dict.fromkeys(("full choice", "trials below the median value", "patience tails"), 0)
     for s in studies:
         r = rp.replay(s, recommended())
         unpruned = rp.replay(s, Rules())  # each trial's fold-epochs without pruning
+        for part, e in unpruned_parts(s, unpruned).items():
+            plain[part] += e
         full, spent = full + r.full_fold_epochs, spent + r.fold_epochs
         for n, e in r.trial_epochs.items():
             how = r.decisions[n]
@@ -262,6 +265,9 @@ def where(a: argparse.Namespace) -> None:
         must += sum(e for n, e in unpruned.trial_epochs.items() if n in rec)
         for k in floor:
             floor[k] += sum(min(e, k) for n, e in unpruned.trial_epochs.items() if n not in rec)
+    print(f"\nno pruner, {full} fold-epochs:\n\n| of which | fold-epochs × unpruned |\n|---|--:|")
+    for part, e in plain.items():
+        print(f"| {part} | {e / full:.2f} |")
     print(f"\n{recommended().label()}: {spent / full:.2f}× of {full} fold-epochs\n")
     print("| trials | fold-epochs × unpruned |\n|---|--:|")
     for part, e in parts.items():
@@ -274,6 +280,27 @@ def where(a: argparse.Namespace) -> None:
         "with every other trial stopped after k fold-epochs (an oracle): "
         + ", ".join(f"k={k}: {(must + e) / full:.2f}×" for k, e in floor.items())
     )
+
+
+def unpruned_parts(study: rp.RecordedStudy, unpruned: rp.ReplayResult) -> dict[str, int]:
+    """Fold-epochs of the unpruned ``study`` spent by its full choice, by trials whose value
+    ends below the median of the complete trials' (failed ones too), and after each fold's best
+    trained epoch (patience tails; a repeated parameter set's folds counted once)."""
+    values = sorted(t.value for t in study.trials if t.value is not None)
+    median = values[len(values) // 2]
+    below = [t.number for t in study.trials if t.value is None or t.value < median]
+    seen, tails = set(), 0
+    for t in study.trials:
+        for f in t.folds:
+            trained = [(v, -e) for e, v in f.points if e >= 1]
+            if trained and (t.params_hash, f.fold) not in seen:
+                tails += f.epochs + max(trained)[1]  # epochs after the (first) best one
+            seen.add((t.params_hash, f.fold))
+    return {
+        "full choice": unpruned.trial_epochs.get(unpruned.full_choice, 0),
+        "trials below the median value": sum(unpruned.trial_epochs.get(n, 0) for n in below),
+        "patience tails": tails,
+    }
 
 
 @dataclass(frozen=True)
