@@ -73,7 +73,7 @@ def _block(
     estimate = norm_q[:, None] + norm_r[None, :] - 2.0 * (q @ vr.T)  # d̂
     err = 4.0 * gamma(vq.shape[1] + 5, U64) * (norm_q.sqrt() + radius) ** 2 + 1e-300
     if own_rows:
-        estimate[torch.arange(len(rows)), rows] = torch.inf
+        estimate[torch.arange(len(rows), device=rows.device), rows] = torch.inf
     bound = torch.kthvalue(estimate + err[:, None], k, dim=1).values
     cand_q, cand_r = torch.nonzero(estimate - err[:, None] <= bound[:, None], as_tuple=True)
     est = estimate[cand_q, cand_r]

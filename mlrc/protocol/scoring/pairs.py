@@ -45,7 +45,7 @@ def pair_scores(
         same = torch.from_numpy(q_ids[lo : lo + len(rows)]).to(vr.device)[:, None] == r_lab
         pair = torch.ones_like(same)
         if own:
-            pair[torch.arange(len(rows)), rows] = False
+            pair[torch.arange(len(rows), device=rows.device), rows] = False
         genuine.append(s[same & pair].cpu().numpy())
         impostor = s[~same & pair].cpu().numpy()
         num_impostor += impostor.size
