@@ -383,3 +383,23 @@ def test_a_plugin_metric_registers_and_scores():
         assert "hits_at_k" in list_metrics()
     finally:
         METRICS.unregister("hits_at_k")
+
+
+@pytest.mark.parametrize("layout", ["all_vs_all", "query_vs_reference", "ref_includes_query"])
+def test_mrr_searches_deeper_until_the_first_relevant_item(layout):
+    rng = np.random.default_rng(12)
+    x, y = rng.standard_normal((150, 4)).astype(np.float32), rng.integers(0, 50, 150)
+    q, ql, r, rl, own = layouts(x, y)[layout]
+    ref_x, ref_y = (x, y) if r is None else (r, rl)
+    got = score_details(
+        parse_metrics("mrr,recall_at_k@3"),
+        q,
+        ql,
+        r,
+        rl,
+        ref_includes_query=layout == "ref_includes_query",
+    )
+    want, _ = naive_score(["mrr", "recall_at_3"], q, ql, ref_x, ref_y, normalize=True, own=own)
+    assert got.values == pytest.approx(want, rel=1e-12)
+    rr = got.per_query["mrr"]
+    assert (rr[~np.isnan(rr)] < 1 / 16).sum() >= 3  # first hits beyond the first search depth
