@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from sklearn.metrics import average_precision_score, ndcg_score
 
 from mlrc.protocol import retrieval_metrics
@@ -338,6 +339,10 @@ def test_bad_inputs_are_one_line():
         ),
         (
             lambda: retrieval_metrics(x, np.linspace(0.01, 0.04, 30)),
+            "labels must be integer class ids",
+        ),
+        (
+            lambda: retrieval_metrics(torch.from_numpy(x), torch.linspace(0.01, 0.04, 30)),
             "labels must be integer class ids",
         ),
         (lambda: score(parse_metrics("hierarchical_ndcg_at_k@5"), x, y), "needs super_labels"),
