@@ -408,3 +408,18 @@ def test_mrr_searches_deeper_until_the_first_relevant_item(layout):
     assert got.values == pytest.approx(want, rel=1e-12)
     rr = got.per_query["mrr"]
     assert (rr[~np.isnan(rr)] < 1 / 16).sum() >= 3  # first hits beyond the first search depth
+
+
+def test_hierarchical_ndcg_all_vs_all_and_with_classes_across_super_classes():
+    x, y = tied(50, 6, seed=13)
+    sup = np.random.default_rng(13).integers(0, 3, 50)  # not nested: a class spans groups
+    got = score(
+        "hierarchical_ndcg_at_k@4,hierarchical_ndcg_at_k@60",
+        x,
+        y,
+        query_super_labels=sup,
+        normalize=False,
+    )
+    keys = ["hierarchical_ndcg_at_4", "hierarchical_ndcg_at_60"]
+    want, _ = naive_score(keys, x, y, x, y, normalize=False, own=True, qs=sup, rs=sup)
+    assert got == pytest.approx(want, rel=1e-12)

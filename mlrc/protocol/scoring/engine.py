@@ -29,7 +29,14 @@ import torch
 from mlrc.protocol.knn import ArrayLike, exact_neighbours, is_finite, to_tensor
 from mlrc.protocol.knn.cross import cross_neighbours
 from mlrc.protocol.metrics import integer_labels
-from mlrc.protocol.scoring.base import Metric, Ranked, check_needs, depth_of, reads_to_first_hit
+from mlrc.protocol.scoring.base import (
+    Metric,
+    Ranked,
+    check_needs,
+    depth_of,
+    parse_metrics,
+    reads_to_first_hit,
+)
 from mlrc.protocol.scoring.pairs import impostor_keep, pair_scores
 
 
@@ -66,7 +73,7 @@ class _Sets:
 
 
 def score(
-    metrics: list[Metric],
+    metrics: list[Metric] | str,
     query: ArrayLike,
     query_labels: ArrayLike,
     reference: ArrayLike | None = None,
@@ -79,7 +86,8 @@ def score(
     device: str | torch.device | None = None,
     avg_of_avgs: bool = False,
 ) -> dict[str, float]:
-    """Metric key → value (a fraction in [0, 1]) of each of ``metrics`` (:func:`parse_metrics`).
+    """Metric key → value (a fraction in [0, 1]) of each of ``metrics`` (:func:`parse_metrics`'s
+    list, or its text).
 
     ``query`` (m × d) with integer ``query_labels`` (m,), ``reference`` (n × d) with
     ``reference_labels`` (n,); conventions in the module docstring. ``avg_of_avgs``: each
@@ -102,7 +110,7 @@ def score(
 
 
 def score_details(
-    metrics: list[Metric],
+    metrics: list[Metric] | str,
     query: ArrayLike,
     query_labels: ArrayLike,
     reference: ArrayLike | None = None,
@@ -115,6 +123,8 @@ def score_details(
     device: str | torch.device | None = None,
 ) -> Scores:
     """:func:`score` with the queries kept and left out, class means and per-query values."""
+    if isinstance(metrics, str):
+        metrics = parse_metrics(metrics)
     if not metrics:
         raise ValueError("score: no metric asked for")
     sets = _prepare(
