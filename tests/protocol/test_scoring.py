@@ -423,3 +423,9 @@ def test_hierarchical_ndcg_all_vs_all_and_with_classes_across_super_classes():
     keys = ["hierarchical_ndcg_at_4", "hierarchical_ndcg_at_60"]
     want, _ = naive_score(keys, x, y, x, y, normalize=False, own=True, qs=sup, rs=sup)
     assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_metrics_are_hashable_and_equal_by_value():
+    a, b = parse_metrics("recall_at_k@10,recall_at_k@5")
+    assert a == parse_metrics("recall_at_k@10")[0] and a != b
+    assert len({a, b, parse_metrics("recall_at_k@10")[0]}) == 2

@@ -95,7 +95,11 @@ class Metric:
 
     @property
     def info(self) -> MetricInfo:
+        """The registry entry of :attr:`name`."""
         return METRICS.info(self.name)
+
+    def __hash__(self) -> int:  # params is a dict: hash what identifies the column
+        return hash((self.name, self.key))
 
 
 @dataclass(frozen=True)
