@@ -396,9 +396,9 @@ def _flips_cell(lines: list[dict[str, Any]]) -> str:
     return text + (f": {', '.join(shown[:_SHOWN_FLIPS])}{more}" if shown else "")
 
 
-def _items(summary: pd.DataFrame) -> list[str]:
+def _items(summary: pd.DataFrame) -> tuple[list[str], bool]:
     """The section's items: per block its numbers (τ-b vs MAP@R, best row kept, MAP@R flips)
-    or its one-line note, then the blocks' τ-b across."""
+    or its one-line note, then the blocks' τ-b across; and whether any item has numbers."""
     lines = stability_lines(summary)
     items = []
     blocks = _blocks(with_defaults(summary))
@@ -424,18 +424,20 @@ def _items(summary: pd.DataFrame) -> list[str]:
     ]
     if across:
         items.append("Across blocks, τ-b of the shared rows' order: " + "; ".join(across) + ".")
-    return items
+    return items, any(r["kind"] != "note" for r in lines)
 
 
 def stability_md(summary: pd.DataFrame) -> list[str]:
     """The section in GitHub markdown, between the tables and their legend: a bold
     ``Ranking stability`` line, a bullet per block (its numbers, or one line saying why it has
     none), one for the blocks' τ-b across, and how to read it ([] for an empty summary). No
-    table and no heading: the report's tables and their blocks' headings stay the only ones."""
+    table and no heading: the report's tables and their blocks' headings stay the only ones.
+    The line on how to read it only when a block has numbers."""
     if summary.empty:
         return []
-    items = [f"- {i}" for i in _items(summary)]
-    return [f"**{SECTION_TITLE}**", "", *items, "", SECTION_LEGEND, ""]
+    items, numbers = _items(summary)
+    how = [SECTION_LEGEND, ""] if numbers else []
+    return [f"**{SECTION_TITLE}**", "", *[f"- {i}" for i in items], "", *how]
 
 
 def stability_html(summary: pd.DataFrame) -> list[str]:
@@ -444,8 +446,10 @@ def stability_html(summary: pd.DataFrame) -> list[str]:
     if summary.empty:
         return []
     esc = html.escape
+    items, numbers = _items(summary)
+    how = f'<p class="legend">{esc(SECTION_LEGEND)}</p>' if numbers else ""
     return [
         f'<section class="stability"><h3>{SECTION_TITLE}</h3><ul>',
-        *[f"<li>{esc(i)}</li>" for i in _items(summary)],
-        f'</ul><p class="legend">{esc(SECTION_LEGEND)}</p></section>',
+        *[f"<li>{esc(i)}</li>" for i in items],
+        f"</ul>{how}</section>",
     ]

@@ -217,7 +217,8 @@ def test_one_row_is_one_line(url):  # noqa: F811
     md = cli("report", "--storage", url, "--campaign", "other").stdout
     section = md[md.index("**Ranking stability**") :].splitlines()
     assert section[2] == "- cub: one row (arcface): no ranking to check."
-    assert section[3] == ""  # one line, no numbers
+    assert section[3] == ""  # one line, no numbers and no words about them
+    assert section[4].startswith("Values in %")  # the table's legend follows
 
 
 def _values(table: dict[str, dict[str, list[float]]]) -> pd.DataFrame:
@@ -276,3 +277,12 @@ def test_a_block_of_archived_studies_only_is_one_line():
     cars = [r for r in lines if r["dataset"] == "cars"]
     assert [(r["kind"], r["rows"]) for r in cars] == [("note", 0)]
     assert "no row to rank" in cars[0]["note"]
+
+
+def test_the_dashboard_shows_the_section(url, tmp_path):  # noqa: F811
+    out = tmp_path / "d.html"
+    cli("dashboard", "build", "--out", str(out), "--storage", url, "--campaign", "grid")
+    page = out.read_text(encoding="utf-8")
+    tests = page[page.index('id="tests"') :]
+    assert '<section class="stability"><h3>Ranking stability</h3><ul>' in tests
+    assert "<li>cars_196 (2 rows): " in tests
