@@ -56,6 +56,7 @@ __all__ = [
     "stability_json",
     "stability_lines",
     "stability_md",
+    "stability_text",
 ]
 
 RESAMPLES = 1000  # bootstrap resamples per column
@@ -438,6 +439,15 @@ def stability_md(summary: pd.DataFrame) -> list[str]:
     items, numbers = _items(summary)
     how = [SECTION_LEGEND, ""] if numbers else []
     return [f"**{SECTION_TITLE}**", "", *[f"- {i}" for i in items], "", *how]
+
+
+def stability_text(summary: pd.DataFrame) -> list[str]:
+    """The section's items as plain lines, then the line on how to read them when a block has
+    numbers ([] for an empty summary): for the LaTeX report's paragraph."""
+    if summary.empty:
+        return []
+    items, numbers = _items(summary)
+    return items + ([SECTION_LEGEND] if numbers else [])
 
 
 def stability_html(summary: pd.DataFrame) -> list[str]:

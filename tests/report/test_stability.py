@@ -286,3 +286,12 @@ def test_the_dashboard_shows_the_section(url, tmp_path):  # noqa: F811
     tests = page[page.index('id="tests"') :]
     assert '<section class="stability"><h3>Ranking stability</h3><ul>' in tests
     assert "<li>cars_196 (2 rows): " in tests
+
+
+def test_latex_has_the_section_and_compiles(url, tmp_path):  # noqa: F811
+    from test_report import _compile
+
+    args = ("report", "--storage", url, "--campaign", "grid", "--format", "latex")
+    tex = cli(*args, "--standalone").stdout
+    assert r"\textbf{Ranking stability.} cub (3 rows): $\tau$-b vs MAP@R" in tex
+    _compile(tex, tmp_path)
