@@ -3,7 +3,7 @@ separated/concatenated flips. Per table block (a dataset, or one protocol of it)
 blocks, from the summary of :func:`mlrc.report.summary.summarize` alone.
 
 Rows are a block's compared studies (baselines, archived studies and the chosen epoch take no
-part, as in the marks). Three checks, all on means over reproductions in percent:
+part, as in the marks). Four checks, all on means over reproductions in percent:
 
 * **τ between metrics** (``tau``): Kendall's τ-b (``scipy.stats.kendalltau``, variant ``b``:
   ties in either ranking lower the denominator) between the rows' rankings by two metrics of
@@ -107,7 +107,12 @@ def best_kept(
     """Fraction of ``resamples`` bootstrap resamples in which one of the rows ``best`` (indices
     into ``samples``) has the highest mean. Each resample draws each row's values independently
     with replacement (``rng.integers(0, n, (resamples, n))``, rows in order, one generator
-    ``numpy.random.default_rng(seed)``)."""
+    ``numpy.random.default_rng(seed)``). Each row needs at least one value."""
+    if resamples < 1 or not samples or min(len(v) for v in samples) < 1:
+        raise ValueError(
+            f"best_kept needs resamples ≥ 1 and rows with values (got {resamples} resamples, "
+            f"row sizes {[len(v) for v in samples]})"
+        )
     rng = np.random.default_rng(seed)
     means = np.empty((resamples, len(samples)))
     for j, v in enumerate(samples):
@@ -229,7 +234,9 @@ def _kept(b: _Block, resamples: int, seed: int) -> list[dict[str, Any]]:
             seed=seed,
         )
         samples = [b.samples[(mode, metric)].get(s) for s in rows]
-        if any(v is None for v in samples):
+        if len(rows) < 2:
+            rec["note"] = "one row has this column"
+        elif any(v is None for v in samples):
             rec["note"] = "no per-reproduction values"
         elif min(len(v) for v in samples) < 2:
             one = next(rows[i] for i, v in enumerate(samples) if len(v) < 2)
@@ -357,12 +364,20 @@ def _num(v: Any) -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
 
 
+def _label(metric: str) -> str:
+    """The table's name of a metric, or its own name for one the table does not name."""
+    try:
+        return metric_label(metric)
+    except KeyError:
+        return metric
+
+
 def _tau_cell(lines: list[dict[str, Any]]) -> str:
     """Per mode, each metric's τ-b against MAP@R: ``Sep. P@1 0.33, R-Prec 1.00; Concat. …``."""
     parts = []
     for mode in dict.fromkeys(r["mode"] for r in lines):
         taus = [
-            f"{metric_label(r['other_metric'] if r['metric'] == 'map_at_r' else r['metric'])} "
+            f"{_label(r['other_metric'] if r['metric'] == 'map_at_r' else r['metric'])} "
             f"{_num(r['value'])}"
             for r in lines
             if r["mode"] == mode and "map_at_r" in (r["metric"], r["other_metric"])

@@ -129,6 +129,13 @@ def test_bootstrap_converges_to_the_exact_probability():
     assert abs(got - exact) < 4 * math.sqrt(exact * (1 - exact) / n)
 
 
+def test_bootstrap_refuses_no_resamples_or_an_empty_row_in_one_line():
+    for args in (([np.array([1.0, 2.0])], [0], 0), ([np.array([1.0]), np.array([])], [0], 10)):
+        with pytest.raises(ValueError, match="best_kept needs resamples") as e:
+            best_kept(*args)
+        assert "\n" not in str(e.value)
+
+
 def test_a_dominant_row_is_always_kept_and_ties_count_as_kept():
     samples = [np.array([90.0, 91.0, 89.0]), np.array([50.0, 52.0, 48.0])]
     assert best_kept(samples, [0], 200, 1) == 1.0
@@ -295,3 +302,13 @@ def test_latex_has_the_section_and_compiles(url, tmp_path):  # noqa: F811
     tex = cli(*args, "--standalone").stdout
     assert r"\textbf{Ranking stability.} cub (3 rows): $\tau$-b vs MAP@R" in tex
     _compile(tex, tmp_path)
+
+
+def test_a_column_of_one_row_has_no_bootstrap():
+    values = _values({"cub": {"a": [50.0, 51.0], "b": [40.0, 41.0]}})
+    values = values[~((values["study"] == "cub-b") & (values["mode"] == "separated"))]
+    kept = [r for r in stability_lines(summarize(values)) if r["kind"] == "best_kept"]
+    by_mode = {r["mode"]: r for r in kept}
+    assert by_mode["separated"]["value"] is None
+    assert by_mode["separated"]["note"] == "one row has this column"
+    assert by_mode["concatenated"]["value"] == 1.0  # 50.5 vs 40.5 with a spread of 0.5
