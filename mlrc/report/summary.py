@@ -99,9 +99,10 @@ def summarize(values: pd.DataFrame, level: float = 0.95, alpha: float = ALPHA) -
     ``values``: mean, CI half-width, n, low, high; ``best`` (highest mean of its dataset ×
     protocol × mode × metric), ``best_row`` (the studies with their block's highest concatenated
     MAP@R), ``p_value`` (Welch's t-test against the column's best study in the block; NaN for
-    that study itself and when n < 2 on either side), :data:`SAMPLES` (the line's values by
-    reproduction, for :mod:`mlrc.report.stability`; not in the CSV/JSON lines) and ``not_worse`` (True for the best study
-    and when p ≥ ``alpha``, False when p < ``alpha``, missing when p is NaN). Exact ties: every
+    that study itself and when n < 2 on either side) and ``not_worse`` (True for the best study
+    and when p ≥ ``alpha``, False when p < ``alpha``, missing when p is NaN); :data:`SAMPLES`
+    holds the line's values by reproduction (for :mod:`mlrc.report.stability`; not in the
+    CSV/JSON lines). Exact ties: every
     study with the top mean is best (and every one with the top concatenated MAP@R a best row),
     none of them has a p-value, and another study's p is the smallest of its tests against each
     of them. Baseline lines (``baseline`` True), archived studies (``archived``) and the chosen
