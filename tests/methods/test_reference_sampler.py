@@ -17,10 +17,14 @@ from mlrc.methods import samplers
 from mlrc.train.checkpoint import plain
 
 
-def pml_batches(labels: np.ndarray, m: int, batch: int, count: int, seed: int) -> list[list[int]]:
-    """``count`` batches as the reference draws them (a fold's stream, across epochs)."""
+def pml_batches(
+    labels: np.ndarray, m: int, batch: int, count: int, seed: int, length: int | None = None
+) -> list[list[int]]:
+    """``count`` batches as the reference draws them (a fold's stream, across epochs);
+    ``length``: ``length_before_new_iter`` (None: PML's default, as the reference)."""
     np.random.seed(seed)
-    sampler = MPerClassSampler(labels, m, length_before_new_iter=len(labels))
+    more = {} if length is None else {"length_before_new_iter": length}
+    sampler = MPerClassSampler(labels, m, **more)
     loader = torch.utils.data.DataLoader(
         list(range(len(labels))), batch_size=batch, sampler=sampler, drop_last=True
     )
@@ -31,8 +35,11 @@ def pml_batches(labels: np.ndarray, m: int, batch: int, count: int, seed: int) -
     return out
 
 
-def mlrc_batches(labels: np.ndarray, m: int, batch: int, count: int, seed: int) -> list:
-    s = samplers.build("pml_m_per_class", labels, batch, m, 10, seed)
+def mlrc_batches(
+    labels: np.ndarray, m: int, batch: int, count: int, seed: int, length: int | None = None
+) -> list:
+    more = {} if length is None else {"length_before_new_iter": length}
+    s = samplers.build("pml_m_per_class", labels, batch, m, 10, seed, **more)
     return [s.next_batch() for _ in range(count)]
 
 
@@ -57,13 +64,22 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("seed", [0, 12345])
 def test_the_batches_are_pml_s_index_for_index(case, seed):
+    """``length_before_new_iter`` = the training set's size: several sampler iterations."""
     labels, m, batch = CASES[case]
-    count = 3 * (len(labels) // batch) + 5  # several sampler iterations (class list reshuffles)
-    want = pml_batches(labels, m, batch, count, seed)
-    assert mlrc_batches(labels, m, batch, count, seed) == want
+    count = 3 * (len(labels) // batch) + 5
+    want = pml_batches(labels, m, batch, count, seed, len(labels))
+    assert mlrc_batches(labels, m, batch, count, seed, len(labels)) == want
     # and not m_per_class's order (each batch's classes drawn independently)
     other = samplers.build("m_per_class", labels, batch, m, 10, seed)
     assert [other.next_batch() for _ in range(count)] != want
+
+
+def test_with_pml_s_default_length_as_the_reference_ran_it():
+    """100 000 images per sampler iteration (1000 passes of 100 here): 3125 batches of 32, then
+    a new iteration."""
+    labels, m, batch = CASES["pairs"]
+    want = pml_batches(labels, m, batch, 3130, 3)
+    assert mlrc_batches(labels, m, batch, 3130, 3) == want
 
 
 def test_a_pass_shuffles_the_whole_class_list_once():
@@ -78,17 +94,19 @@ def test_a_pass_shuffles_the_whole_class_list_once():
 
 def test_a_resumed_sampler_goes_on_with_the_same_batches():
     labels, m, batch = CASES["pairs"]
-    s = samplers.build("pml_m_per_class", labels, batch, m, 10, 5)
+    s = samplers.build("pml_m_per_class", labels, batch, m, 10, 5, length_before_new_iter=300)
     for _ in range(4):
         s.next_batch()
     state = plain(s.state())
     rest = [s.next_batch() for _ in range(12)]  # crosses a new sampler iteration
-    t = samplers.build("pml_m_per_class", labels, batch, m, 10, 99)
+    t = samplers.build("pml_m_per_class", labels, batch, m, 10, 99, length_before_new_iter=300)
     t.set_state(state)
     assert [t.next_batch() for _ in range(12)] == rest
 
 
 def test_a_length_shorter_than_a_batch_is_one_line():
     labels = labels_of([3] * 4, 0)
-    with pytest.raises(ValueError, match=r"^pml_m_per_class: one pass of 12 images is shorter"):
-        samplers.build("pml_m_per_class", labels, 32, 1, 10, 0)
+    with pytest.raises(
+        ValueError, match=r"^pml_m_per_class: a sampler iteration of 12 images is shorter"
+    ):
+        samplers.build("pml_m_per_class", labels, 32, 1, 10, 0, length_before_new_iter=12)

@@ -3,11 +3,13 @@
 index.
 
 The reference (powerful-benchmarker, ``metric-learning`` branch, PML 0.9.92) builds
-``MPerClassSampler(labels, m, length_before_new_iter=len(train set))`` with no ``batch_size``,
-and PML's trainer reads it through a ``DataLoader(batch_size=32, drop_last=True)`` whose iterator
+``MPerClassSampler(labels, m)`` with no ``batch_size`` and PML's default
+``length_before_new_iter`` of 100 000 (its sampler factory substitutes the training set's size
+only when a config says ``dataset_length``, and none of its configs does), and PML's trainer
+reads it through a ``DataLoader(batch_size=32, drop_last=True)`` whose iterator
 lives for the whole fold (a new one when it runs out). Each time the sampler is iterated it
-writes a list of L = n − (n mod m·C) indices (n training images, C classes; L = m·C when
-m·C ≥ n): L / (m·C) *passes*, each shuffling the whole class list once and taking m images of
+writes a list of L = N − (N mod m·C) indices (N = ``length_before_new_iter``, C classes;
+L = m·C when m·C ≥ N): L / (m·C) *passes*, each shuffling the whole class list once and taking m images of
 every class in that order (``np.random.choice``, with replacement only for a class with fewer
 than m images). Batches are consecutive runs of ``batch_size`` indices of that list — a batch
 may straddle two passes and then hold a class twice — and the last ⌊L / batch_size⌋-th
@@ -32,8 +34,8 @@ __all__ = ["PMLMPerClassSampler"]
 
 class PMLMPerClassSampler(BatchSampler):
     """PML's ``MPerClassSampler`` (``batch_size=None``) read in batches of ``batch_size`` with
-    ``drop_last``; ``length_before_new_iter`` (images; None: the training set's size, the
-    reference's ``dataset_length``) is the length of one sampler iteration before rounding."""
+    ``drop_last``; ``length_before_new_iter`` (images; PML's default 100 000, as the reference
+    ran it) is the length of one sampler iteration before rounding."""
 
     def __init__(
         self,
@@ -42,7 +44,7 @@ class PMLMPerClassSampler(BatchSampler):
         m: int,
         iterations: int,
         seed: int,
-        length_before_new_iter: int | None = None,
+        length_before_new_iter: int = 100_000,
     ) -> None:
         super().__init__(labels, iterations, seed)
         self.rng = np.random.RandomState(seed)  # type: ignore[assignment]  (np.random.seed's)
@@ -55,16 +57,15 @@ class PMLMPerClassSampler(BatchSampler):
         self.by_label = {k: np.array(v, dtype=int) for k, v in by_label.items()}
         self.order = list(by_label)  # shuffled in place pass after pass, as PML's self.labels
         single = self.m * len(self.order)
-        self.list_size = (
-            len(self.labels) if length_before_new_iter is None else length_before_new_iter
-        )
+        self.list_size = int(length_before_new_iter)
         if single < self.list_size:
             self.list_size -= self.list_size % single
         self.passes = self.list_size // single if single < self.list_size else 1
         if max(self.list_size, single) < self.batch_size:
             raise ValueError(
-                f"pml_m_per_class: one pass of {max(self.list_size, single)} images is shorter "
-                f"than a batch of {self.batch_size} (drop_last would give no batch)"
+                f"pml_m_per_class: a sampler iteration of {max(self.list_size, single)} images "
+                f"is shorter than a batch of {self.batch_size} (drop_last would give no batch; "
+                "raise length_before_new_iter)"
             )
         self.buffer: list[int] = []
         self.position = 0
@@ -95,7 +96,7 @@ class PMLMPerClassSampler(BatchSampler):
         return {
             "rng": [kind, [int(k) for k in key], int(pos), int(has_gauss), float(gauss)],
             "order": [int(k) for k in self.order],
-            "buffer": list(self.buffer),
+            "buffer": np.asarray(self.buffer, dtype=np.int64),  # up to 100 000: an array
             "position": self.position,
         }
 
@@ -103,15 +104,15 @@ class PMLMPerClassSampler(BatchSampler):
         kind, key, pos, has_gauss, gauss = state["rng"]
         self.rng.set_state((kind, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
         self.order = [int(k) for k in state["order"]]
-        self.buffer = [int(k) for k in state["buffer"]]
+        self.buffer = np.asarray(state["buffer"]).astype(np.int64).tolist()
         self.position = int(state["position"])
 
 
 @register("pml_m_per_class")
 def pml_m_per_class(
-    labels, batch_size, m, iterations, seed, *, length_before_new_iter: int | None = None
+    labels, batch_size, m, iterations, seed, *, length_before_new_iter: int = 100_000
 ) -> BatchSampler:
     """The reference's order: PML's MPerClassSampler, the class list shuffled once per pass of
-    m × classes images, a new list every ``length_before_new_iter`` images (default: the
-    training set's size), read in batches with ``drop_last`` (m per class; see the module)."""
+    m × classes images, a new list every ``length_before_new_iter`` images (PML's default,
+    100 000, as the reference), read in batches with ``drop_last`` (m per class; see the module)."""
     return PMLMPerClassSampler(labels, batch_size, m, iterations, seed, length_before_new_iter)
