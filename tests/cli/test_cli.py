@@ -27,13 +27,20 @@ def test_demo_runs_a_whole_small_study(tmp_path, monkeypatch):
     args = ["demo", "--quiet", "--trials", "1", "--reproductions", "2", "--max-epochs", "1"]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
-    assert "1 trials × 4 folds, then 2 reproductions × 4 folds" in r.output
+    assert "glyphs × contrastive, preset cpu: 1 trials × 4 folds, then 2 reproductions" in r.output
+    assert "glyphs × multi_similarity, preset cpu: 1 trials × 4 folds" in r.output
     assert "55 train+val classes, 56 test classes, 4 folds (scheme 'mlrc')" in r.output
-    assert "### glyphs" in r.output and "| contrastive | 2 |" in r.output
+    assert "### glyphs" in r.output
+    for loss in ("contrastive", "multi_similarity"):  # the best row is underlined
+        assert re.search(rf"\| (<ins>)?{loss}(</ins>)? \| 2 \|", r.output), loss
+    # two losses: the report ranks them and says whether the ranking holds
+    assert "Ranking stability" in r.output and "τ" in r.output
     assert "database: sqlite:///mlrc-demo.db" in r.output and (tmp_path / "mlrc-demo.db").is_file()
     assert (tmp_path / "mlrc-demo-artifacts").is_dir()
     again = runner.invoke(app, args)  # a second run resumes: everything is already done
-    assert again.exit_code == 0 and "| contrastive | 2 |" in again.output
+    assert again.exit_code == 0 and re.search(
+        r"\| (<ins>)?contrastive(</ins>)? \| 2 \|", again.output
+    )
 
 
 def test_baselines_on_the_embedded_default():
