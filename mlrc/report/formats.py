@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from mlrc.report.latex import latex_document, latex_table
-from mlrc.report.layout import Block, Cell, legend, metric_label, table_blocks
+from mlrc.report.layout import Block, Cell, legend, table_blocks
 from mlrc.report.legend import DAGGER
 from mlrc.report.summary import TIDY_COLUMNS
 from mlrc.report.table_html import html_page
@@ -116,9 +116,9 @@ def _md_header(b: Block) -> list[str]:
     """A block's column names: ``Sep. MAP@R``, …; a traditional block's one model: ``R@1``, …,
     ``MAP@R``, ``Epoch``."""
     if b.traditional:
-        return ["Loss", "n"] + [metric_label(m) for _, m in b.columns]
+        return ["Loss", "n"] + [b.label(m) for _, m in b.columns]
     return ["Loss", "n"] + [
-        f"{'Sep.' if mode == 'separated' else 'Concat.'} {metric_label(m)}" for mode, m in b.columns
+        f"{'Sep.' if mode == 'separated' else 'Concat.'} {b.label(m)}" for mode, m in b.columns
     ]
 
 

@@ -47,6 +47,7 @@ TIDY_COLUMNS = [
     "untrained_test",  # True: every test fold kept epoch 0, the untrained model
     "warm_start",  # the study's warm start ("study X top 5 (trials 3, 7)"), "" for none
     "pruning_risk",  # a pruned study's rules' risk measured by replay on the corpus, or ""
+    "after_the_fact",  # True: computed after the fact from stored embeddings (study rescore)
 ]
 _KEYS = ["study", "dataset", "protocol", "loss", "strategy", "pruner", "mode", "metric"]
 
@@ -83,11 +84,13 @@ def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
         "untrained_test": False,
         "pruning_risk": "",
         "warm_start": "",
+        "after_the_fact": False,
+        "rescore_note": "",
     }
     for c, v in defaults.items():
         if c not in values.columns:
             values[c] = v
-    for c in ("baseline", "test_set_selection", "archived", "untrained_test"):
+    for c in ("baseline", "test_set_selection", "archived", "untrained_test", "after_the_fact"):
         values[c] = values[c].astype(bool)
     return values
 
@@ -131,7 +134,7 @@ def _intervals(values: pd.DataFrame, level: float) -> tuple[pd.DataFrame, list[n
     columns = [c for c in TIDY_COLUMNS if c in _KEYS or c in ("mean", "half_width", "n")]
     columns += ["low", "high"] + [c for c in META_COLUMNS if c not in columns]
     summary = pd.DataFrame(out, columns=columns)
-    for c in ("baseline", "test_set_selection", "archived", "untrained_test"):
+    for c in ("baseline", "test_set_selection", "archived", "untrained_test", "after_the_fact"):
         summary[c] = summary[c].astype(bool)
     for c in ("trials_budget", "complete_trials", "nonfinite_trials", "failed_trials"):
         summary[c] = summary[c].astype("Int64")

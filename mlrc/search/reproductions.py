@@ -31,6 +31,7 @@ from mlrc.protocol.analysis import analysis_metrics, metrix_utilization, recall_
 from mlrc.protocol.retrieval import retrieval_view
 from mlrc.search import retention
 from mlrc.search.baseline import ensure_baseline, view_of_test_classes
+from mlrc.search.embeddings import file_fields, roles_of, super_labels_of
 from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending, interrupt_behind
 from mlrc.search.folds import FoldJob, run_fold
 from mlrc.search.session import StudySession
@@ -193,10 +194,31 @@ def _train_and_test(
     # best_epoch: the epoch each fold model was taken at (traditional: chosen on the test set)
     rows.append(("concatenated", -1, {**m, "best_epoch": float(np.mean(epochs))}))
     view = _retrieval_view(ctx, joined, test_view, rep)
-    results.record_reproduction(ctx.engine, ctx.study_id, rep, params, rows, view)
+    stored = _store_embeddings(ctx, params, rep, embeddings, test_view)
+    results.record_reproduction(ctx.engine, ctx.study_id, rep, params, rows, view, stored)
     retention.collect(ctx)  # its folds' checkpoints are read no more (kept under keep: best)
     ctx.tracker.reproduction_finished(rep, params, rows)
     return None
+
+
+def _store_embeddings(
+    ctx: StudySession,
+    params: dict[str, Any],
+    rep: int,
+    separated: list[np.ndarray],
+    view: View,
+) -> dict[str, Any]:
+    """Write reproduction ``rep``'s test embeddings (each fold model's raw rows, the items of
+    ``view``) to its ``.npz`` (:mod:`mlrc.search.embeddings`) and return its store fields."""
+    arrays = {
+        "separated": separated,
+        "labels": ctx.dataset.labels[view.indices],  # the dataset's class labels
+        "roles": roles_of(ctx.dataset, view.indices),
+        "super_labels": super_labels_of(ctx.dataset, view.indices),
+        "dtype": ctx.resolved.study.artifacts.embeddings,
+    }
+    root, hashed = ctx.artifact_root, params_hash(params)
+    return file_fields(ctx.artifacts, root, rep, hashed, arrays)
 
 
 def _retrieval_view(ctx: StudySession, joined: np.ndarray, view: View, rep: int) -> dict | None:

@@ -1,0 +1,191 @@
+"""Stored test embeddings and re-scoring without training (issue #26): a tiny study tested end
+to end through the ``mlrc`` command stores one ``.npz`` per reproduction; ``mlrc study rescore``
+and ``mlrc report --metrics`` score new metrics from it.
+
+The references are independent of the code under test: the arrays loaded with ``numpy.load``
+alone, MAP@R and the new metrics computed on them by naive float64 loops written here (one query
+at a time, ties to the lower index), ``hashlib`` for the file's hash, ``os.stat`` for sizes, the
+dataset's own labels, and the schema-3 fixture store written by a release from before embeddings
+were kept."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_retention import cli, copy_store, rows, study_file
+
+from mlrc import data
+from mlrc.cli.gc import human_bytes
+from mlrc.protocol import mlrc_split, retrieval_metrics
+from mlrc.search.embeddings import load_checked, write_npz
+from mlrc.store.schema import EmbeddingFile, Rescored, TestResult
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def naive_ranking(emb: np.ndarray, q: int) -> list[int]:
+    """The other rows by squared distance of the unit float64 rows to row ``q``, ties to the
+    lower index."""
+    e = unit(emb)
+    d = ((e - e[q]) ** 2).sum(axis=1)
+    return [r for _, r in sorted((float(d[r]), r) for r in range(len(e)) if r != q)]
+
+
+def naive_map_at_r(emb: np.ndarray, labels: np.ndarray) -> float:
+    """MAP@R by the paper's formula, one query at a time; queries with R = 0 left out."""
+    values = []
+    for q in range(len(emb)):
+        r = int((labels == labels[q]).sum()) - 1
+        if r == 0:
+            continue
+        hits = [labels[x] == labels[q] for x in naive_ranking(emb, q)[:r]]
+        values.append(sum(h * (sum(hits[: i + 1]) / (i + 1)) for i, h in enumerate(hits)) / r)
+    return float(np.mean(values))
+
+
+def naive_mrr(emb: np.ndarray, labels: np.ndarray) -> float:
+    """Mean reciprocal rank of the first same-class item, all vs all (lone queries left out)."""
+    values = []
+    for q in range(len(emb)):
+        if (labels == labels[q]).sum() < 2:
+            continue
+        ranked = naive_ranking(emb, q)
+        first = next(i for i, x in enumerate(ranked) if labels[x] == labels[q])
+        values.append(1.0 / (first + 1))
+    return float(np.mean(values))
+
+
+def naive_concatenation(separated: np.ndarray) -> np.ndarray:
+    """Each fold model's rows L2-normalised, concatenated, normalised again (float64)."""
+    return unit(np.concatenate([unit(s) for s in separated], axis=1))
+
+
+@pytest.fixture(scope="module")
+def tested(tmp_path_factory):
+    """A study with nothing to search (its loss parameters fixed), tested (2 reproductions),
+    float16 embeddings (the default)."""
+    tmp = tmp_path_factory.mktemp("rescore")
+    url, art = f"sqlite:///{tmp / 'db.sqlite'}", tmp / "art"
+    fixed = {"name": "contrastive", "params": {}, "search": {}}
+    path = study_file(tmp, "e", trials=1, reps=2, loss=fixed)
+    cli("study", "test", path, "--storage", url, "--artifacts", art, "--quiet")
+    return url, art
+
+
+def stored_files(url: str, art: Path) -> dict[int, tuple[Path, EmbeddingFile]]:
+    return {f.reproduction: (art / "e" / f.path, f) for f in rows(url, EmbeddingFile)}
+
+
+# --- stored embeddings -------------------------------------------------------------------------
+
+
+def test_each_reproduction_stores_its_test_embeddings_with_their_hash(tested):
+    url, art = tested
+    files = stored_files(url, art)
+    assert sorted(files) == [1, 2]
+    ds = data.build("glyphs")
+    split = mlrc_split(ds.labels, scheme="mlrc")
+    test_labels = ds.labels[np.isin(ds.labels, split.test_classes)]
+    for rep, (path, row) in files.items():
+        assert path.name == f"test-rep{rep}.npz" and path.parent.name == "embeddings"
+        assert row.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert row.size == os.stat(path).st_size and row.dtype == "float16"
+        with np.load(path, allow_pickle=False) as z:  # numpy alone reads it
+            assert sorted(z.files) == ["labels", "roles", "separated"]  # no super-classes here
+            sep, labels, roles = z["separated"], z["labels"], z["roles"]
+        assert sep.dtype == np.float16 and sep.shape == (4, len(test_labels), row.dim)
+        assert (row.folds, row.n) == (4, len(test_labels))
+        assert sorted(labels.tolist()) == sorted(test_labels.tolist())
+        assert set(roles.tolist()) == {"all"}
+        assert not list(path.parent.glob("*.tmp"))  # written atomically: no temporary left
+
+
+def test_the_stored_embeddings_are_those_the_test_stage_scored(tested):
+    """MAP@R of the stored float16 rows by a naive loop ≈ the test stage's stored MAP@R."""
+    url, art = tested
+    path, _ = stored_files(url, art)[2]
+    with np.load(path) as z:
+        sep, labels = z["separated"].astype(np.float32), z["labels"]
+    results = {(r.mode, r.fold): r.map_at_r for r in rows(url, TestResult, reproduction=2)}
+    for k in (0, 3):
+        assert naive_map_at_r(sep[k], labels) == pytest.approx(results[("separated", k)], abs=2e-3)
+    joined = naive_map_at_r(naive_concatenation(sep), labels)
+    assert joined == pytest.approx(results[("concatenated", -1)], abs=2e-3)
+
+
+def test_float32_is_kept_bit_for_bit_and_float16_within_its_rounding(tmp_path):
+    rng = np.random.default_rng(0)
+    sep = [rng.normal(size=(50, 8)).astype(np.float32) for _ in range(2)]
+    labels, roles = rng.integers(0, 5, 50), np.array(["query", "gallery"] * 25)
+    sup = labels // 2
+    f32 = write_npz(tmp_path / "a.npz", sep, labels, roles, sup, dtype="float32")
+    f16 = write_npz(tmp_path / "b.npz", sep, labels, roles, None)
+    assert (f32["dtype"], f16["dtype"]) == ("float32", "float16")
+    a = load_checked(tmp_path / "a.npz", f32["sha256"], "a")
+    assert np.array_equal(a["separated"], np.stack(sep)) and a["roles"].tolist() == roles.tolist()
+    assert a["super_labels"].tolist() == sup.tolist() and a["labels"].dtype == np.int64
+    b = load_checked(tmp_path / "b.npz", f16["sha256"], "b")
+    assert np.allclose(b["separated"], np.stack(sep), rtol=2**-11, atol=0)
+    assert "super_labels" not in b
+    # beyond float16's range: kept as float32, as the store records
+    big = write_npz(tmp_path / "c.npz", [sep[0] * 1e5], labels, roles, None)
+    assert big["dtype"] == "float32"
+
+
+def test_float16_map_at_r_equals_float32_within_the_documented_tolerance():
+    """A real-size set (10,000 × 128, 100 classes of clustered rows): MAP@R of the float16
+    rows is within 0.0001 (0.01 points) of the float32 rows' (docs/guide/reports.md)."""
+    rng = np.random.default_rng(26)
+    centres = rng.normal(size=(100, 128)).astype(np.float32)
+    labels = rng.integers(0, 100, 10_000)
+    emb = centres[labels] + 2.0 * rng.normal(size=(10_000, 128)).astype(np.float32)
+    full = retrieval_metrics(emb, labels)["map_at_r"]
+    half = retrieval_metrics(emb.astype(np.float16).astype(np.float32), labels)["map_at_r"]
+    assert 0.2 < full < 0.9  # neither trivial nor hopeless
+    assert abs(half - full) <= 1e-4  # measured: 5e-6
+
+
+# --- retention and gc --------------------------------------------------------------------------
+
+
+def test_retention_keeps_the_embeddings_and_gc_counts_them(tested, tmp_path):
+    url0, art0 = tested
+    url, art = copy_store(url0, tmp_path / "db.sqlite"), tmp_path / "art"
+    shutil.copytree(art0, art)
+    npz = sorted(art.rglob("*.npz"))
+    assert len(npz) == 2 and not list(art.rglob("*.pt"))  # keep resume: no checkpoint left
+    size = sum(os.stat(p).st_size for p in npz)
+    out = cli("gc", "--storage", url, "--artifacts", art, "--keep", "resume").output
+    assert f"kept {human_bytes(size)} of stored test embeddings in 2 files" in out
+    assert sorted(art.rglob("*.npz")) == npz
+    # an archived study's embeddings go with its folder, counted as freed
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as c:
+        c.execute("UPDATE mlrc_study SET name = 'e.old-1' WHERE name = 'e'")
+    os.replace(art / "e", art / "e.old-1")
+    out = cli("gc", "--storage", url, "--artifacts", art).output
+    assert f"freed {human_bytes(size)} in 2 files" in out
+    assert not list(art.rglob("*.npz"))
+
+
+def test_an_upgraded_release_store_has_the_new_tables_and_no_files(tmp_path):
+    path = tmp_path / "legacy3.db"
+    shutil.copyfile(FIXTURES / "store-schema3.db", path)
+    url = f"sqlite:///{path}"
+    assert rows(url, EmbeddingFile) == [] and rows(url, Rescored) == []
+    assert rows(url, TestResult)  # tested before embeddings were stored
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=0, abs_tol=1e-9)
