@@ -14,7 +14,7 @@ from mlrc.cli.terminal import console, user_errors
 
 plugins_app = typer.Typer(
     no_args_is_help=True,
-    help="Registered plug-ins (losses, miners, strategies, samplers, trunks, datasets).",
+    help="Registered plug-ins (losses, miners, strategies, samplers, trunks, datasets, metrics).",
 )
 
 
@@ -22,14 +22,17 @@ plugins_app = typer.Typer(
 def plugins_list(
     kind: Annotated[
         str | None,
-        typer.Argument(help="loss, miner, strategy, sampler, trunk or dataset (default: all)"),
+        typer.Argument(
+            help="loss, miner, strategy, sampler, trunk, dataset or metric (default: all)"
+        ),
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON only")] = False,
 ) -> None:
     """Every registered plug-in of KIND: name, source package (mlrc for a built-in, else the
     installed distribution that registered it), parameters with their defaults, the parameters
     searched by default, and capabilities (a loss's batch kind, whether it takes a miner's
-    tuples, whether it has trainable parameters; a strategy's needs)."""
+    tuples, whether it has trainable parameters; a strategy's needs; a metric's @ parameter,
+    depth and needs)."""
     from mlrc.config.plugins import PLUGIN_KINDS, plugin_records
 
     with user_errors():
@@ -51,7 +54,10 @@ def _table(kind: str, records: list[Any]) -> Table:
     for column in ("parameters (default)", "searched", "capabilities"):
         table.add_column(column, overflow="fold")
     for r in records:
-        params = ", ".join(f"{p}={v['default']!r}" for p, v in r.params.items())
+        params = ", ".join(
+            f"{p} (required)" if v.get("required") else f"{p}={v['default']!r}"
+            for p, v in r.params.items()
+        )
         space = ", ".join(f"{p} {text}" for p, text in r.space.items())
         caps = ", ".join(f"{c}={v}" for c, v in r.capabilities.items())
         table.add_row(r.name, r.source, params or "–", space or "–", caps or "–")

@@ -7,6 +7,7 @@ space and fixed parameters.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,7 +121,7 @@ def _plugin_space(
 # --- the catalogue of registered plug-ins -------------------------------------------------------
 
 #: The kinds of plug-in, as their registries name them (``mlrc plugins list KIND``).
-PLUGIN_KINDS = ("loss", "miner", "strategy", "sampler", "trunk", "dataset")
+PLUGIN_KINDS = ("loss", "miner", "strategy", "sampler", "trunk", "dataset", "metric")
 
 
 @dataclass(frozen=True)
@@ -128,11 +129,13 @@ class PluginRecord:
     """One registered plug-in as ``mlrc plugins list`` shows it.
 
     ``source``: ``"mlrc"`` for a built-in, else the distribution that registered it;
-    ``params``: each parameter a study may set → ``{"default": value, "type": description}``;
+    ``params``: each parameter a study may set → ``{"default": value, "type": description}``
+    (``"required": true`` and a None default where there is none: a metric's ``@`` value);
     ``space``: each parameter searched by default → its range (``[1e-05, 0.1] log``);
     ``capabilities``: what the kind declares (a loss's ``batch``, ``takes_tuples`` — with
     ``takes_tuples_probed: true`` when not declared — and ``has_parameters``; a strategy's
-    ``uses_miner``, ``positive_pairs``, ``losses``); ``doc``: the docstring's first line."""
+    ``uses_miner``, ``positive_pairs``, ``losses``; a metric's ``kind``, ``param`` (written
+    after ``@``), ``depth``, ``needs`` and ``higher_is_better``); ``doc``: the docstring's first line."""
 
     kind: str
     name: str
@@ -185,6 +188,10 @@ def _registry(kind: str) -> Any:
         from mlrc.data import DATASETS
 
         return DATASETS
+    if kind == "metric":
+        from mlrc.protocol.scoring import METRICS
+
+        return METRICS
     from mlrc.methods import losses, miners, samplers, strategies
 
     return {
@@ -202,6 +209,9 @@ def _record(kind: str, registry: Any, name: str) -> PluginRecord:
         p: {"default": d, "type": types[p].describe() if p in types else "any value"}
         for p, d in entry.params.items()
     }
+    for p, d in entry.params.items():
+        if d is inspect.Parameter.empty:  # required (a metric's @ value): no default to show
+            params[p] = {"default": None, "required": True, "type": params[p]["type"]}
     space = {}
     if kind in ("loss", "miner", "strategy"):
         found = default_space(name, kind=kind)
@@ -230,6 +240,17 @@ def _capabilities(kind: str, name: str) -> dict[str, Any]:
             "uses_miner": built.uses_miner,
             "positive_pairs": built.positive_pairs is not None,
             "losses": losses_,
+        }
+    if kind == "metric":
+        from mlrc.protocol.scoring import METRICS
+
+        m = METRICS.info(name)
+        return {
+            "kind": m.kind,
+            "param": m.param,
+            "depth": m.depth,
+            "needs": sorted(m.needs),
+            "higher_is_better": m.higher_is_better,
         }
     return {}
 

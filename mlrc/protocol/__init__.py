@@ -5,7 +5,8 @@ Modules: :mod:`~mlrc.protocol.splits` (class-disjoint folds), :mod:`~mlrc.protoc
 :mod:`~mlrc.protocol.stats` (confidence intervals), :mod:`~mlrc.protocol.analysis` (Recall@k,
 NMI, mAP@1000, ρ, π_ratio, utilization; imported on its own: it needs faiss and sklearn) and
 :mod:`~mlrc.protocol.retrieval` (the dashboard's sample retrievals and embedding map; imported on
-its own).
+its own) and :mod:`~mlrc.protocol.scoring` (every metric as a plug-in, query → reference;
+imported on its own).
 """
 
 from mlrc.protocol.knn import exact_knn, exact_neighbours, full_fp32_matmul, ranked_vectors

@@ -52,7 +52,7 @@ def retrieval_metrics(
     Also returns ``num_queries`` (queries with R > 0).
     """
     x = to_tensor(embeddings, device)
-    y = to_tensor(labels, x.device).long().reshape(-1)
+    y = torch.from_numpy(integer_labels(labels, "labels")).to(x.device)
     x = x if x.dtype in (torch.float32, torch.float64) else x.double()
     check_embeddings(x, y)
     _, y, class_sizes = torch.unique(y, return_inverse=True, return_counts=True)  # y: class id
@@ -67,6 +67,26 @@ def retrieval_metrics(
     out = dict(zip(METRICS, (sums / num_queries).tolist(), strict=True))
     out["num_queries"] = num_queries
     return out
+
+
+def integer_labels(labels: ArrayLike, what: str = "labels") -> np.ndarray:
+    """``labels`` (n,) as a numpy int64 array; a ``ValueError`` in one line unless every value is
+    an integer (class ids). Integer and boolean arrays pass; a float array passes only if every
+    value is a whole number (``2.0``), since casting ``0.01 … 0.04`` would silently make one
+    class of them; anything else (strings, objects, NaN) is refused."""
+    a = labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    a = a.reshape(-1)
+    if a.dtype.kind in "iub":
+        return a.astype(np.int64)
+    if a.dtype.kind == "f":
+        bad = ~np.isfinite(a) | (a != np.round(a)) | (np.abs(a) > 2.0**53)
+        if not bad.any():
+            return a.astype(np.int64)
+        raise ValueError(
+            f"{what} must be integer class ids, got {float(a[bad][0])!r} ({a.dtype}, "
+            f"{int(bad.sum())} of {a.size} values not whole numbers)"
+        )
+    raise ValueError(f"{what} must be integer class ids, got dtype {a.dtype}")
 
 
 def _metric_sums(rel: np.ndarray, R: np.ndarray) -> np.ndarray:

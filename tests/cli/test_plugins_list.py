@@ -16,6 +16,7 @@ from mlrc.config.plugins import PLUGIN_KINDS, plugin_records
 from mlrc.data import DATASETS
 from mlrc.methods import losses, miners, samplers, strategies
 from mlrc.models import TRUNKS
+from mlrc.protocol.scoring import METRICS
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
@@ -26,6 +27,7 @@ REGISTRIES = {
     "sampler": samplers.SAMPLERS,
     "trunk": TRUNKS,
     "dataset": DATASETS,
+    "metric": METRICS,
 }
 
 
