@@ -84,7 +84,7 @@ def metric_keys(text: str) -> dict[str, str]:
             fail(f"--metrics {text!r}: an empty metric name (names are comma-separated)")
         try:
             (metric,) = parse_metrics(part)
-        except ValueError as e:
-            fail(f"--metrics: {e}")
+        except ValueError as e:  # "metrics: unknown metric …"
+            fail(f"--{e}")
         out[metric.key] = part
     return out

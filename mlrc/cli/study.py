@@ -404,8 +404,8 @@ def study_rescore(
     check_device(device)
     try:
         chosen = parse_metrics(metrics)
-    except ValueError as e:
-        fail(f"--metrics: {e}")
+    except ValueError as e:  # "metrics: unknown metric …"
+        fail(f"--{e}")
     with user_errors():
         name = load_study(study).study.name if study.endswith((".yaml", ".yml")) else study
         engine = store.connect(storage)

@@ -24,11 +24,12 @@ _LABELS = {"mrr": "MRR", "map_at_r": "MAP@R", "precision_at_1": "P@1", "r_precis
 
 
 def rescored_label(metric: str) -> str:
-    """A re-scored column's name: ``NDCG@10*`` (``ndcg_at_10``), ``MRR*``, ``mAP@5*``."""
+    """A re-scored column's name: ``NDCG@10*`` (``ndcg_at_10``), ``MRR*``, ``mAP@5*``,
+    ``R@10*`` (``recall_at_10``)."""
     if metric in _LABELS:
         return _LABELS[metric] + AFTER
     name, _, k = metric.partition("_at_")
-    name = "mAP" if name == "map" else name.upper()
+    name = {"map": "mAP", "recall": "R"}.get(name, name.upper())
     return f"{name}@{k}{AFTER}" if k else f"{name}{AFTER}"
 
 

@@ -128,7 +128,10 @@ def rescore_study(
         for rep, f in sorted(files.items())
     }  # every file checked before anything is scored or written
     for rep, arrays in checked.items():
-        out.rows[rep] = score_arrays(metrics, arrays, device)
+        try:
+            out.rows[rep] = score_arrays(metrics, arrays, device)
+        except ValueError as e:  # a metric needing labels the study lacks (super-classes)
+            raise StudyError(f"study {name!r}: {e}") from None
         out.protocol = protocol_of(np.asarray(arrays["roles"]))
         if write:
             sha, version = files[rep].sha256, code_version()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 from test_retention import cli, copy_store, rows, study_file
 
 from mlrc import data
@@ -40,7 +41,8 @@ def naive_ranking(emb: np.ndarray, q: int) -> list[int]:
     lower index."""
     e = unit(emb)
     d = ((e - e[q]) ** 2).sum(axis=1)
-    return [r for _, r in sorted((float(d[r]), r) for r in range(len(e)) if r != q)]
+    order = np.argsort(d, kind="stable")  # stable: equal distances keep the lower index first
+    return [int(r) for r in order if r != q]
 
 
 def naive_map_at_r(emb: np.ndarray, labels: np.ndarray) -> float:
@@ -55,16 +57,17 @@ def naive_map_at_r(emb: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(values))
 
 
-def naive_mrr(emb: np.ndarray, labels: np.ndarray) -> float:
-    """Mean reciprocal rank of the first same-class item, all vs all (lone queries left out)."""
-    values = []
+def naive_mrr_recall(emb: np.ndarray, labels: np.ndarray, k: int) -> tuple[float, float]:
+    """All vs all, lone queries left out: the mean reciprocal rank of the first same-class
+    item, and Recall@k (1 when a same-class item is among the first k)."""
+    rr, hit = [], []
     for q in range(len(emb)):
         if (labels == labels[q]).sum() < 2:
             continue
-        ranked = naive_ranking(emb, q)
-        first = next(i for i, x in enumerate(ranked) if labels[x] == labels[q])
-        values.append(1.0 / (first + 1))
-    return float(np.mean(values))
+        same = [labels[x] == labels[q] for x in naive_ranking(emb, q)]
+        rr.append(1.0 / (same.index(True) + 1))
+        hit.append(float(any(same[:k])))
+    return float(np.mean(rr)), float(np.mean(hit))
 
 
 def naive_concatenation(separated: np.ndarray) -> np.ndarray:
@@ -187,5 +190,101 @@ def test_an_upgraded_release_store_has_the_new_tables_and_no_files(tmp_path):
     assert rows(url, TestResult)  # tested before embeddings were stored
 
 
-def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=0, abs_tol=1e-9)
+# --- re-scoring ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rescored(tested, tmp_path_factory):
+    """``mlrc study rescore e --metrics mrr,recall_at_k@2`` on a copy of the tested store."""
+    url0, art = tested
+    url = copy_store(url0, tmp_path_factory.mktemp("rescored") / "db.sqlite")
+    out = cli("study", "rescore", "e", "--metrics", "mrr,recall_at_k@2", "--storage", url,
+              "--artifacts", art).output  # fmt: skip
+    return url, art, out
+
+
+def test_rescore_equals_naive_loops_on_the_loaded_arrays(rescored):
+    url, art, out = rescored
+    assert "computed after the fact from stored embeddings" in out and "all vs all" in out
+    path, row = stored_files(url, art)[1]
+    with np.load(path) as z:
+        sep, labels = z["separated"].astype(np.float32), z["labels"]
+    want = {("separated", k): naive_mrr_recall(sep[k], labels, 2) for k in range(4)}
+    want[("separated", -1)] = tuple(np.mean([want[("separated", k)] for k in range(4)], axis=0))
+    want[("concatenated", -1)] = naive_mrr_recall(naive_concatenation(sep), labels, 2)
+    got = {}
+    for r in rows(url, Rescored, reproduction=1):
+        got.setdefault((r.mode, r.fold), {})[r.metric] = r.value
+        assert r.sha256 == row.sha256
+    assert sorted(got) == sorted(want)
+    for key, (mrr, recall) in want.items():
+        assert math.isclose(got[key]["mrr"], mrr, abs_tol=1e-9), key
+        assert math.isclose(got[key]["recall_at_2"], recall, abs_tol=1e-9), key
+    assert {r.reproduction for r in rows(url, Rescored)} == {1, 2}
+
+
+def test_the_report_shows_the_rescored_metrics_with_intervals_and_the_mark(rescored):
+    url, _, _ = rescored
+    md = cli("report", "--storage", url, "--metrics", "mrr,recall_at_k@2").output
+    assert "Concat. MRR*" in md and "Sep. R@2*" in md
+    assert "computed after the fact from stored embeddings" in md
+    csv = cli("report", "--storage", url, "--metrics", "mrr", "--format", "csv").output
+    lines = list(__import__("csv").DictReader(csv.splitlines()))
+    mrr = [x for x in lines if x["metric"] == "mrr" and x["mode"] == "concatenated"]
+    assert len(mrr) == 1 and mrr[0]["after_the_fact"] == "True" and mrr[0]["n"] == "2"
+    values = [r.value for r in rows(url, Rescored, mode="concatenated", fold=-1, metric="mrr")]
+    mean = 100 * float(np.mean(values))
+    half = 100 * stats.t.ppf(0.975, 1) * float(np.std(values, ddof=1)) / math.sqrt(2)
+    assert math.isclose(float(mrr[0]["mean"]), mean, abs_tol=1e-6)
+    assert math.isclose(float(mrr[0]["half_width"]), half, abs_tol=1e-6)
+    plain = cli("report", "--storage", url).output  # without --metrics: as before
+    assert "MRR" not in plain and "after the fact" not in plain
+    later = cli("report", "--storage", url, "--metrics", "ndcg_at_k@5").output
+    assert "ndcg_at_5 not computed yet: run `mlrc study rescore e --metrics ndcg_at_k@5`" in later
+
+
+def test_a_file_whose_hash_differs_is_refused_in_one_line(tested, tmp_path):
+    url0, art0 = tested
+    url, art = copy_store(url0, tmp_path / "db.sqlite"), tmp_path / "art"
+    shutil.copytree(art0, art)
+    path, _ = stored_files(url, art)[2]
+    raw = bytearray(path.read_bytes())
+    raw[-100] ^= 1  # one bit of the arrays
+    path.write_bytes(bytes(raw))
+    r = cli("study", "rescore", "e", "--metrics", "mrr", "--storage", url, "--artifacts", art,
+            code=2)  # fmt: skip
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1 and "study 'e', reproduction 2" in line
+    assert "sha256" in line and "refused" in line
+    assert rows(url, Rescored) == []  # nothing scored, not even the sound reproduction 1
+
+
+def test_a_study_tested_before_this_release_says_what_to_run(tmp_path):
+    path = tmp_path / "legacy3.db"
+    shutil.copyfile(FIXTURES / "store-schema3.db", path)
+    url = f"sqlite:///{path}"
+    with sqlite3.connect(path) as c:
+        (name,) = c.execute("SELECT name FROM mlrc_study ORDER BY id LIMIT 1").fetchone()
+        tested = c.execute(
+            "SELECT DISTINCT reproduction FROM mlrc_test_result WHERE study_id = 1"
+        ).fetchall()
+    n = max(r for (r,) in tested) + len(tested)
+    r = cli("study", "rescore", name, "--metrics", "mrr", "--storage", url, "--artifacts",
+            tmp_path, code=2)  # fmt: skip
+    assert r.output.strip() == (
+        f"error: study {name!r}: no stored embeddings; run `study test --reproductions {n}` again"
+    )
+    md = cli("report", "--storage", url, "--metrics", "mrr").output
+    assert f"no stored embeddings; run `study test --reproductions {n}` again" in md
+
+
+@pytest.mark.parametrize(
+    ("metrics", "words"),
+    [("mrrr", "did you mean"), ("recall_at_k@x", "recall_at_k"), ("mrr,,map_at_r", "metrics")],
+)
+def test_an_unknown_metric_is_one_line(tmp_path, metrics, words):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    for args in (["report"], ["study", "rescore", "e"]):
+        r = cli(*args, "--metrics", metrics, "--storage", url, code=2)
+        line = r.output.strip()
+        assert len(line.splitlines()) == 1 and line.startswith("error: --metrics") and words in line
