@@ -46,6 +46,7 @@ __all__ = [
     "legend",
     "metric_label",
     "notes",
+    "rescore_notes",
     "row_label",
     "table_blocks",
 ]
@@ -351,17 +352,19 @@ def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
             out.append(f"{label} ({b.name}): {UNTRAINED_NOTE}.")
     if any(r.archived for b in blocks for r in b.rows):
         out.append(ARCHIVED_NOTE)
-    if any(b.after for b in blocks) or any(b.rescore for b in blocks):
-        out.append(RESCORED_NOTE)
-    for b in blocks:
-        for label, note in b.rescore:
-            out.append(f"{label} ({b.name}): {note}.")
+    out += rescore_notes(blocks)
     failures = dict(zip(summary["study"], summary["failures"], strict=True))
     for b in blocks:
         for r in b.rows:  # failed trials and test folds, with the reason each failed with
             if not r.baseline and failures.get(r.study):
                 out.append(f"{r.label} ({b.name}): {failures[r.study]}.")
     return out
+
+
+def rescore_notes(blocks: list[Block]) -> list[str]:
+    """The mark of metrics computed after the fact, and why a row lacks those asked for."""
+    out = [RESCORED_NOTE] if any(b.after or b.rescore for b in blocks) else []
+    return out + [f"{label} ({b.name}): {note}." for b in blocks for label, note in b.rescore]
 
 
 def compute_notes(blocks: list[Block]) -> list[str]:

@@ -16,7 +16,7 @@ from scipy import stats
 from mlrc.protocol import confidence_interval
 from mlrc.report.values import META_COLUMNS, UNMARKED_METRICS
 
-__all__ = ["ALPHA", "TIDY_COLUMNS", "summarize", "welch_p", "with_defaults"]
+__all__ = ["ALPHA", "TIDY_COLUMNS", "summarize", "tidy_columns", "welch_p", "with_defaults"]
 
 ALPHA = 0.05
 TIDY_COLUMNS = [
@@ -47,8 +47,18 @@ TIDY_COLUMNS = [
     "untrained_test",  # True: every test fold kept epoch 0, the untrained model
     "warm_start",  # the study's warm start ("study X top 5 (trials 3, 7)"), "" for none
     "pruning_risk",  # a pruned study's rules' risk measured by replay on the corpus, or ""
-    "after_the_fact",  # True: computed after the fact from stored embeddings (study rescore)
 ]
+# after the tidy columns when a line has it: computed after the fact from stored embeddings
+AFTER_COLUMN = "after_the_fact"
+
+
+def tidy_columns(summary: pd.DataFrame) -> list[str]:
+    """:data:`TIDY_COLUMNS`, and :data:`AFTER_COLUMN` when a line was re-scored (``mlrc report
+    --metrics``)."""
+    after = AFTER_COLUMN in summary.columns and bool(summary[AFTER_COLUMN].any())
+    return TIDY_COLUMNS + ([AFTER_COLUMN] if after else [])
+
+
 _KEYS = ["study", "dataset", "protocol", "loss", "strategy", "pruner", "mode", "metric"]
 
 

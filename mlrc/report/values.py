@@ -337,8 +337,6 @@ def _baseline_rows(
                         "failures": "",
                         "pruning_risk": "",
                         "warm_start": "",
-                        "after_the_fact": False,
-                        "rescore_note": "",
                         "_order": (*g.rank, 0, i),
                         "_metric": j,
                     }
@@ -362,9 +360,11 @@ def _values_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for r in rows:
         del r["_order"], r["_metric"]
     values = pd.DataFrame(rows, columns=VALUE_COLUMNS)
+    values["after_the_fact"] = values["after_the_fact"].eq(True)  # set by add_rescored only
+    values["rescore_note"] = values["rescore_note"].where(values["rescore_note"].notna(), "")
     for c in ("trials_budget", "complete_trials", "nonfinite_trials", "failed_trials"):
         values[c] = values[c].astype("Int64")
-    for c in ("baseline", "test_set_selection", "archived", "untrained_test", "after_the_fact"):
+    for c in ("baseline", "test_set_selection", "archived", "untrained_test"):
         values[c] = values[c].astype(bool)
     return values
 
@@ -457,8 +457,6 @@ def _study_meta(
             "untrained_test": _untrained(test_epochs.get(st.id)),
             "pruning_risk": risk_text((st.settings or {}).get("pruning_risk")),
             "warm_start": warm_start(st.config, history.get(st.id, [])),
-            "after_the_fact": False,
-            "rescore_note": "",
         }
         for g in groups
         for st in g.studies
@@ -480,9 +478,8 @@ def collect(
     its kind, reproduction 0). Studies without test results are left out. A traditional study
     (``test_set_selection`` True) has one mode, ``concatenated``, with the lines of
     :func:`traditional_metrics` (``best_epoch`` in epochs, the others in %). ``archived``:
-    keep the archived studies :func:`select_studies` leaves out by default. ``metrics``
-    (column key → how ``--metrics`` asks for it): also these metrics as ``mlrc study rescore``
-    stored them (:func:`mlrc.report.rescored.add_rescored`), ``after_the_fact`` True."""
+    keep the archived studies :func:`select_studies` leaves out by default. ``metrics``: also
+    these, as ``mlrc study rescore`` stored them (:func:`mlrc.report.rescored.add_rescored`)."""
     names = select_studies(engine, studies, campaigns, archived)
     rank = {n: i for i, n in enumerate(names)}
     data = reads.table_inputs(engine, names)
@@ -496,8 +493,7 @@ def collect(
     for study_id, m in meta.items():  # failed trials and test folds, with their reasons
         m.update(failure_columns(data.failures.get(study_id, [])))
     rows = _study_rows(data.results, group_of, rank, meta)
-    if metrics:
-        rows = add_rescored(engine, data.results, rows, metrics)
+    rows = add_rescored(engine, data.results, rows, metrics) if metrics else rows
     for g in groups:
         rows += _baseline_rows(g, data.baseline_links, data.baselines)
     return _values_frame(rows)

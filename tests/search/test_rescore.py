@@ -237,6 +237,10 @@ def test_the_report_shows_the_rescored_metrics_with_intervals_and_the_mark(resco
     half = 100 * stats.t.ppf(0.975, 1) * float(np.std(values, ddof=1)) / math.sqrt(2)
     assert math.isclose(float(mrr[0]["mean"]), mean, abs_tol=1e-6)
     assert math.isclose(float(mrr[0]["half_width"]), half, abs_tol=1e-6)
+    html = cli("report", "--storage", url, "--metrics", "mrr", "--format", "html").output
+    assert "<th>MRR*</th>" in html and '<th colspan="4">' in html  # 3 + 1 per mode
+    tex = cli("report", "--storage", url, "--metrics", "mrr", "--format", "latex").output
+    assert "MAP@R & P@1 & R-Prec & MRR* & MAP@R" in tex
     plain = cli("report", "--storage", url).output  # without --metrics: as before
     assert "MRR" not in plain and "after the fact" not in plain
     later = cli("report", "--storage", url, "--metrics", "ndcg_at_k@5").output
