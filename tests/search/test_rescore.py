@@ -292,3 +292,11 @@ def test_an_unknown_metric_is_one_line(tmp_path, metrics, words):
         r = cli(*args, "--metrics", metrics, "--storage", url, code=2)
         line = r.output.strip()
         assert len(line.splitlines()) == 1 and line.startswith("error: --metrics") and words in line
+
+
+def test_a_bad_embeddings_dtype_is_one_line(tmp_path):
+    bad = study_file(tmp_path, "b", artifacts={"embeddings": "float8"})
+    r = cli("study", "test", bad, "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}",
+            "--artifacts", tmp_path, code=2)  # fmt: skip
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1 and "artifacts.embeddings" in line and "float8" in line
