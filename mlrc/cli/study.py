@@ -408,7 +408,7 @@ def study_rescore(
         fail(f"--{e}")
     with user_errors():
         name = load_study(study).study.name if study.endswith((".yaml", ".yml")) else study
-        engine = store.connect(storage)
+        engine = store.connect(storage, read_only=True)  # an existing store (never created)
         done = rescore_study(engine, name, Path(artifacts), chosen, device)
     head = f"study {name} ({done.protocol}), computed after the fact from stored embeddings:"
     console.print(head, soft_wrap=True, highlight=False)

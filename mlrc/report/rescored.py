@@ -72,27 +72,29 @@ def _notes(
     got: dict[tuple, float],
     metrics: dict[str, str],
 ) -> dict[str, str]:
-    """Per study name lacking some of ``metrics`` (or having them for fewer reproductions than
-    it tested), why, in one phrase."""
+    """Per study name lacking some of ``metrics`` for some tested reproduction, why, in one
+    phrase: no embeddings stored (what to test again), or not re-scored (what to run)."""
     files = stored.files_of_studies(engine, [st.name for st in studies.values()])
     out = {}
     for sid, st in studies.items():
         tested = sorted({tr.reproduction for s, tr in results if s.id == sid})
         with_file = [f.reproduction for f in files.get(st.name, [])]
-        have = {m: {rep for (s, rep, _, mm) in got if s == sid and mm == m} for m in metrics}
         if not with_file:
             out[st.name] = stored.retest_hint(tested, [])
-        elif missing := [m for m in metrics if not have[m]]:
+            continue
+        have = {m: {rep for (s, rep, _, mm) in got if s == sid and mm == m} for m in metrics}
+        parts = []
+        if missing := [m for m in metrics if not set(with_file) <= have[m]]:
             asks = ",".join(metrics[m] for m in missing)
-            out[st.name] = (
+            parts.append(
                 f"{', '.join(missing)} not computed yet: run `mlrc study rescore {st.name} "
                 f"--metrics {asks}`"
             )
-        elif any(len(have[m]) < len(tested) for m in metrics):
-            n = min(len(have[m]) for m in metrics)
-            out[st.name] = (
-                f"computed after the fact over {n} of its {len(tested)} reproductions (the "
-                f"others were tested before embeddings were stored: "
-                f"{stored.retest_hint(tested, with_file)})"
+        if without := [r for r in tested if r not in with_file]:
+            parts.append(
+                f"reproductions {', '.join(map(str, without))} were tested before embeddings "
+                f"were stored ({stored.retest_hint(tested, with_file)})"
             )
+        if parts:
+            out[st.name] = "; ".join(parts)
     return out

@@ -88,16 +88,26 @@ def rescored_values(
     engine: Engine, study_ids: list[int], metrics: list[str]
 ) -> list[tuple[int, int, str, int, str, float]]:
     """The stored re-scored values of ``metrics`` for ``study_ids``: ``(study id, reproduction,
-    mode, fold, metric, value)``, every fold (−1: the aggregate rows)."""
+    mode, fold, metric, value)``, every fold (−1: the aggregate rows); only those computed from
+    the reproduction's current embedding file (a reproduction tested again has a new one)."""
     with session(engine) as s:
-        q = select(
-            Rescored.study_id,
-            Rescored.reproduction,
-            Rescored.mode,
-            Rescored.fold,
-            Rescored.metric,
-            Rescored.value,
-        ).where(Rescored.study_id.in_(study_ids), Rescored.metric.in_(metrics))
+        q = (
+            select(
+                Rescored.study_id,
+                Rescored.reproduction,
+                Rescored.mode,
+                Rescored.fold,
+                Rescored.metric,
+                Rescored.value,
+            )
+            .join(
+                EmbeddingFile,
+                (EmbeddingFile.study_id == Rescored.study_id)
+                & (EmbeddingFile.reproduction == Rescored.reproduction)
+                & (EmbeddingFile.sha256 == Rescored.sha256),
+            )
+            .where(Rescored.study_id.in_(study_ids), Rescored.metric.in_(metrics))
+        )
         return [tuple(r) for r in s.execute(q).all()]
 
 

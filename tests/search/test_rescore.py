@@ -247,6 +247,17 @@ def test_the_report_shows_the_rescored_metrics_with_intervals_and_the_mark(resco
     assert "ndcg_at_5 not computed yet: run `mlrc study rescore e --metrics ndcg_at_k@5`" in later
 
 
+def test_values_of_another_file_than_the_current_one_are_not_shown(rescored, tmp_path):
+    url = copy_store(rescored[0], tmp_path / "db.sqlite")
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as c:  # reproduction 2 tested again
+        c.execute("UPDATE mlrc_embedding_file SET sha256 = 'f00d' WHERE reproduction = 2")
+    csv = cli("report", "--storage", url, "--metrics", "mrr", "--format", "csv").output
+    lines = [x for x in __import__("csv").DictReader(csv.splitlines()) if x["metric"] == "mrr"]
+    assert lines and {x["n"] for x in lines} == {"1"}
+    md = cli("report", "--storage", url, "--metrics", "mrr").output
+    assert "mrr not computed yet: run `mlrc study rescore e --metrics mrr`" in md
+
+
 def test_a_file_whose_hash_differs_is_refused_in_one_line(tested, tmp_path):
     url0, art0 = tested
     url, art = copy_store(url0, tmp_path / "db.sqlite"), tmp_path / "art"
