@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-EXTRAS ?= dev,postgres,dashboard,tracking   # CI adds ax (.ci/run)
+EXTRAS ?= dev,postgres,dashboard,tracking   # CI adds ax, onnx (.ci/run)
 
 .PHONY: demo test lint venv clean
 

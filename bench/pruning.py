@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/pruning.py corpus [--trials 20] [--storage URL] [--dataset ZIP]
     .venv/bin/python bench/pruning.py tune [--corpus bench/corpus/cpu-omniglot-glyphs.json.gz]
+    .venv/bin/python bench/pruning.py where [--corpus …]
+    .venv/bin/python bench/pruning.py explore [--corpus …]
 
 ``corpus`` runs complete, unpruned cpu-preset studies — losses contrastive, multi_similarity
 and ntxent × datasets Omniglot (the subset zip, $MLRC_OMNIGLOT_ZIP or --dataset) and glyphs
@@ -19,6 +21,18 @@ leaving one study out: the rule is picked on the other studies and replayed on t
 out, for each study in turn. Writes ``bench/results/pruning.csv``,
 ``mlrc/resources/pruning_risk.json`` (the measured risk a study stores with itself) and a
 markdown table on stdout (docs/guide/performance.md quotes it).
+
+``where`` says where the fold-epochs go under the recommended rules (the full choice, the other
+trials that complete, trials pruned between folds, trials whose fold was stopped) and what any
+rule must spend: the trials that set a new best in the recorded order (a rule whose bound holds
+for them completes them), plus k fold-epochs for each other trial.
+
+``explore`` replays a rule that is not (yet) a ``search.stop`` rule, through
+:func:`mlrc.search.replay.replay`'s ``stop_with``: ``rank`` — at each rung epoch r of the folds
+it applies to, a fold whose best so far is below the k-th best of the same fold's complete
+curves at epoch r (earlier trials) stops; elsewhere the recommended gain rule decides — over a
+grid of rungs, k, folds and slack, with the same pick and leave-one-study-out as ``tune``
+(nothing written but stdout).
 """
 
 from __future__ import annotations
@@ -32,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -42,6 +57,7 @@ from common import BENCH, machine, write_csv  # noqa: E402
 
 from mlrc import store  # noqa: E402
 from mlrc.config.schema import StopSpec  # noqa: E402
+from mlrc.protocol.stopping import Curve, FoldStop  # noqa: E402
 from mlrc.search import replay as rp  # noqa: E402
 from mlrc.search.pruning import RISK_TABLE, Rules  # noqa: E402
 
@@ -212,6 +228,159 @@ def show(df, best, loo, about, studies, replays) -> None:
         )
 
 
+def recommended() -> Rules:
+    """The rules ``tune`` recommends (wilcoxon, p 0.3, with ``search.stop``'s defaults)."""
+    return Rules("wilcoxon", prune_p=0.3, stop=StopSpec())
+
+
+def records(study: rp.RecordedStudy) -> set[int]:
+    """The trials that set a new best value in the recorded order (the last: the full choice)."""
+    best, out = None, set()
+    for t in study.trials:
+        if t.value is not None and (best is None or t.value > best):
+            best, out = t.value, out | {t.number}
+    return out
+
+
+def where(a: argparse.Namespace) -> None:
+    """Where the fold-epochs go under the recommended rules, and what any rule must spend."""
+    _, studies = rp.read_corpus(a.corpus)
+    full = spent = 0
+    parts = dict.fromkeys(("full choice", "other complete", "pruned between folds", "stopped"), 0)
+    floor, must = dict.fromkeys((1, 2, 3, 4), 0), 0
+    plain = dict.fromkeys(("full choice", "trials below the median value", "patience tails"), 0)
+    for s in studies:
+        r = rp.replay(s, recommended())
+        unpruned = rp.replay(s, Rules())  # each trial's fold-epochs without pruning
+        for part, e in unpruned_parts(s, unpruned).items():
+            plain[part] += e
+        full, spent = full + r.full_fold_epochs, spent + r.fold_epochs
+        for n, e in r.trial_epochs.items():
+            how = r.decisions[n]
+            part = "full choice" if n == r.full_choice else "other complete"
+            if how != "complete":
+                part = "stopped" if n in r.stopped_at else "pruned between folds"
+            parts[part] += e
+        rec = records(s)
+        must += sum(e for n, e in unpruned.trial_epochs.items() if n in rec)
+        for k in floor:
+            floor[k] += sum(min(e, k) for n, e in unpruned.trial_epochs.items() if n not in rec)
+    print(f"\nno pruner, {full} fold-epochs:\n\n| of which | fold-epochs × unpruned |\n|---|--:|")
+    for part, e in plain.items():
+        print(f"| {part} | {e / full:.2f} |")
+    print(f"\n{recommended().label()}: {spent / full:.2f}× of {full} fold-epochs\n")
+    print("| trials | fold-epochs × unpruned |\n|---|--:|")
+    for part, e in parts.items():
+        print(f"| {part} | {e / full:.2f} |")
+    print(
+        f"\ntrials that set a new best (completed by any rule whose bound holds for them): "
+        f"{must / full:.2f}×"
+    )
+    print(
+        "with every other trial stopped after k fold-epochs (an oracle): "
+        + ", ".join(f"k={k}: {(must + e) / full:.2f}×" for k, e in floor.items())
+    )
+
+
+def unpruned_parts(study: rp.RecordedStudy, unpruned: rp.ReplayResult) -> dict[str, int]:
+    """Fold-epochs of the unpruned ``study`` spent by its full choice, by trials whose value
+    ends below the median of the complete trials' (failed ones too), and after each fold's best
+    trained epoch (patience tails; a repeated parameter set's folds counted once)."""
+    values = sorted(t.value for t in study.trials if t.value is not None)
+    median = values[len(values) // 2]
+    below = [t.number for t in study.trials if t.value is None or t.value < median]
+    seen, tails = set(), 0
+    for t in study.trials:
+        for f in t.folds:
+            trained = [(v, -e) for e, v in f.points if e >= 1]
+            if trained and (t.params_hash, f.fold) not in seen:
+                tails += f.epochs + max(trained)[1]  # epochs after the (first) best one
+            seen.add((t.params_hash, f.fold))
+    return {
+        "full choice": unpruned.trial_epochs.get(unpruned.full_choice, 0),
+        "trials below the median value": sum(unpruned.trial_epochs.get(n, 0) for n in below),
+        "patience tails": tails,
+    }
+
+
+@dataclass(frozen=True)
+class RankStop:
+    """``explore``'s rank rule for one fold: at a rung epoch, stop below the k-th best level
+    of the same fold's complete curves (``levels``: rung → levels, best first); else ``base``."""
+
+    base: FoldStop
+    k: int
+    levels: dict[int, list[float]]
+
+    def reason(self, epoch: int, best: float) -> str | None:
+        lv = self.levels.get(epoch, [])
+        if len(lv) >= self.k and best < lv[self.k - 1]:
+            return f"stopped at epoch {epoch}: below the {self.k}-th best fold at that epoch"
+        return self.base.reason(epoch, best)
+
+
+def rank_rule(rungs: tuple[int, ...], k: int, folds: tuple[int, ...] | None) -> rp.StopWith:
+    """The :class:`RankStop` maker for ``replay(stop_with=…)``; ``folds`` None: every fold.
+    Nothing stops where the recommended rule has no bound yet (its startup)."""
+
+    def make(base: FoldStop | None, fold: int, same: list[Curve]) -> RankStop | None:
+        if base is None:
+            return None
+        on = rungs if folds is None or fold in folds else ()
+        levels = {
+            r: sorted(
+                (max(v for t, v in c if t <= r) for c in same if c and c[0][0] <= r), reverse=True
+            )
+            for r in on
+        }
+        return RankStop(base, k, levels)
+
+    return make
+
+
+def explore(a: argparse.Namespace) -> None:
+    """The rank rule over a grid, in sample and leaving one study out (see the module doc)."""
+    about, studies = rp.read_corpus(a.corpus)
+    replays: dict[str, dict[str, rp.ReplayResult]] = {}
+    rungs_grid = ((), (2,), (3,), (4,), (2, 4), (3, 6), (2, 4, 8), (3, 6, 9))
+    for rungs, k, folds, slack in itertools.product(
+        rungs_grid, (1, 2, 3), ((0,), None), (0.02, 0.05)
+    ):
+        if not rungs and (k, folds) != (1, None):
+            continue  # no rung: the gain rule alone, once per slack
+        rules = Rules("wilcoxon", prune_p=0.3, stop=StopSpec(slack=slack))
+        label = rules.label() + (
+            f" + rank(rungs={','.join(map(str, rungs))}, k={k}, "
+            f"folds={'all' if folds is None else ','.join(map(str, folds))})"
+            if rungs
+            else ""
+        )
+        make = rank_rule(rungs, k, folds) if rungs else None
+        replays[label] = {s.name: rp.replay(s, rules, make) for s in studies}
+    table = {label: figures(list(by.values())) for label, by in replays.items()}
+    loo = leave_one_out(replays, [s.name for s in studies])
+    print(
+        f"\ncorpus: {len(studies)} studies, {about.get('date')}; the cheapest rules by the "
+        "number of studies whose full-protocol choice they lose:\n"
+    )
+    print("| rules | fold-epochs × unpruned | choice pruned | mean regret (points) |")
+    print("|---|--:|--:|--:|")
+    for lost in range(3):
+        rows = sorted(
+            (f["fold_epochs_fraction"], lb) for lb, f in table.items() if f["choice_pruned"] == lost
+        )[:3]
+        for frac, lb in rows:
+            f = table[lb]
+            print(
+                f"| {lb} | {frac:.2f} | {lost} of {len(studies)} | {100 * f['mean_regret']:.2f} |"
+            )
+    print(
+        f"\nleave one study out: {loo['fold_epochs_fraction']:.2f}× fold-epochs, choice "
+        f"pruned in {loo['choice_pruned']} of {loo['studies']}, mean regret "
+        f"{100 * loo['mean_regret']:.2f} points; picks: {json.dumps(loo['picks'], indent=1)}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -222,8 +391,10 @@ def main() -> None:
     c.add_argument("--out", type=Path, default=CORPUS)
     t = sub.add_parser("tune", help="replay the corpus under a grid of rules")
     t.add_argument("--corpus", type=Path, default=CORPUS)
+    for cmd, what in (("where", "where the fold-epochs go"), ("explore", "the rank rule")):
+        sub.add_parser(cmd, help=what).add_argument("--corpus", type=Path, default=CORPUS)
     a = ap.parse_args()
-    run_corpus(a) if a.cmd == "corpus" else tune(a)
+    {"corpus": run_corpus, "tune": tune, "where": where, "explore": explore}[a.cmd](a)
 
 
 if __name__ == "__main__":

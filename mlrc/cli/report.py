@@ -20,7 +20,9 @@ def report(
         typer.Option("--campaign", help="campaign name (repeat): its studies in campaign order"),
     ] = None,
     study: Annotated[list[str] | None, typer.Option("--study", help="study name (repeat)")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="md, csv, latex, html or json")] = "md",
+    fmt: Annotated[
+        str, typer.Option("--format", help="md, csv, latex, html, json or stability-csv")
+    ] = "md",
     out: Annotated[
         Path | None, typer.Option("--out", help="write to this file (its folder is created)")
     ] = None,

@@ -284,7 +284,8 @@ def study_status(
 def study_export_model(
     study: Annotated[str, typer.Argument(help="study YAML or study name")],
     out: Annotated[
-        Path, typer.Option("--out", help="file to write (.pt or .pt2; its folder is created)")
+        Path,
+        typer.Option("--out", help="file to write (.pt, .pt2 or .onnx; its folder is created)"),
     ],
     storage: StorageOpt = DEFAULT_STORAGE,
     artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
@@ -303,7 +304,8 @@ def study_export_model(
         typer.Option(
             "--format",
             help="state-dict (.pt, load with mlrc.train.load_exported) or export "
-            "(.pt2, torch.export: torch alone loads it)",
+            "(.pt2, torch.export: torch alone loads it) or onnx (.onnx, any ONNX runtime; "
+            "needs the onnx extra)",
         ),
     ] = "state-dict",
     force: ForceOpt = False,
@@ -316,8 +318,8 @@ def study_export_model(
 
     if dim not in ("128", "512"):
         fail(f"--dim: expected 128 or 512 (got {dim!r})")
-    if fmt not in ("state-dict", "export"):
-        fail(f"--format: expected state-dict or export (got {fmt!r})")
+    if fmt not in ("state-dict", "export", "onnx"):
+        fail(f"--format: expected state-dict, export or onnx (got {fmt!r})")
     check_out(out, overwrite=force, inputs=(study,))
     with user_errors():
         name = load_study(study).study.name if study.endswith((".yaml", ".yml")) else study

@@ -17,6 +17,11 @@ not need the dataset: format, class names listed twice, overlaps, counts) and re
 :class:`ResolvedSplit`, which is part of the study's identity; :func:`build_split` checks it
 against the dataset (every name known) and returns the :class:`~mlrc.protocol.splits.Split`.
 Every mistake is one :class:`ConfigError` line: ``study.yaml: split: FILE: what is wrong``.
+
+A dataset with query/gallery roles (``ImageDataset.roles``: In-Shop, an image folder with
+``query/`` and ``gallery/``) tests the classes of its query and gallery images whatever the
+split (:func:`role_test_classes`): without ``split:`` they replace MLRC's second half, and a
+split file's ``test`` must list exactly them; its other classes are cut into folds as usual.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from mlrc.config.load import ConfigError, did_you_mean, load_yaml, validate_model
@@ -225,12 +231,42 @@ def predefined_test_classes(ds: ImageDataset) -> list[int]:
     if ds.name == "sop":
         return [c for c, n in enumerate(names) if n.isdigit() and int(n) > 11318]
     if ds.name == "inshop":
-        partition = getattr(ds, "partition", None)
-        if partition is None:
-            raise ValueError("inshop: the dataset has no train/query/gallery partition")
-        test = {int(lab) for lab, p in zip(ds.labels, partition, strict=True) if p != "train"}
-        return sorted(test)
+        test = role_test_classes(ds)
+        if test is None:
+            raise ValueError("inshop: the dataset has no train/query/gallery roles")
+        return test
     raise ValueError(f"dataset {ds.name!r} has no train/test lists of its own")
+
+
+def dataset_roles(ds: ImageDataset) -> np.ndarray | None:
+    """The per-item roles (``train`` / ``query`` / ``gallery``) of ``ds``, or None without."""
+    roles = getattr(ds, "roles", None)
+    if roles is None:
+        roles = getattr(ds, "partition", None)  # a dataset object of before roles
+    return None if roles is None else np.asarray(roles, dtype=object).astype(str)
+
+
+def role_test_classes(ds: ImageDataset) -> list[int] | None:
+    """The test classes of a query/gallery dataset: the classes of its ``query`` and ``gallery``
+    items (sorted); None for a dataset without roles. A class with training images and
+    query/gallery images is a ValueError: a class-disjoint split cannot place it."""
+    roles = dataset_roles(ds)
+    if roles is None:
+        return None
+    labels = np.asarray(ds.labels)
+    tested = roles != "train"
+    both = np.intersect1d(labels[tested], labels[~tested])
+    if len(both):
+        c = int(both[0])
+        origins = getattr(ds, "origins", None) or [f"{ds.name}[{i}]" for i in range(len(labels))]
+        i = int(np.flatnonzero((labels == c) & ~tested)[0])
+        j = int(np.flatnonzero((labels == c) & tested)[0])
+        more = f" (and {len(both) - 1} more such classes)" if len(both) > 1 else ""
+        raise ValueError(
+            f"{ds.name}: class {ds.class_names[c]!r} has training images ({origins[i]}) and "
+            f"{roles[j]} images ({origins[j]}): a test class cannot train{more}"
+        )
+    return np.unique(labels[tested]).tolist()
 
 
 def build_split(
@@ -244,6 +280,8 @@ def build_split(
     else the study's split with every class name checked against the dataset (errors start
     with ``where``; a study's ``FILE: split`` names ``FILE: dataset`` when MLRC's split finds
     too few classes)."""
+    if spec is None and dataset_roles(ds) is not None:
+        return _role_split(ds, n_folds, scheme, where)
     if spec is None:
         try:
             return mlrc_split(ds.labels, n_folds=n_folds, scheme=scheme)
@@ -272,6 +310,7 @@ def build_split(
             else None
         )
         origin = spec.file or "the study file"
+        _check_role_test(ds, test, f"{where}: test")
     try:
         return custom_split(
             ds.labels,
@@ -283,6 +322,48 @@ def build_split(
         )
     except SplitError as e:
         raise ConfigError(f"{where}: {e}") from None
+
+
+def _role_split(ds: ImageDataset, n_folds: int, scheme: str, where: str) -> Split:
+    """The split of a query/gallery dataset without ``split:``: the classes of its query and
+    gallery images test; the other classes are cut into folds by ``scheme`` (validation stays
+    all against all among them)."""
+    try:
+        test = role_test_classes(ds)
+        assert test is not None
+        return custom_split(
+            ds.labels,
+            test,
+            None,
+            n_folds=n_folds,
+            scheme=scheme,
+            origin=f"the query/gallery images of {ds.name}",
+        )
+    except ValueError as e:  # SplitError included
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _check_role_test(ds: ImageDataset, test: list[int], where: str) -> None:
+    """A split file's test classes on a query/gallery dataset: exactly the classes of its query
+    and gallery images (a ConfigError line naming the first class that differs)."""
+    try:
+        expected = role_test_classes(ds)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    if expected is None:
+        return
+    extra, missing = sorted(set(test) - set(expected)), sorted(set(expected) - set(test))
+    if extra:
+        raise ConfigError(
+            f"{where}: class {ds.class_names[extra[0]]!r} has no query or gallery image in "
+            f"{ds.name}: its test classes are those of its query and gallery images"
+        )
+    if missing:
+        raise ConfigError(
+            f"{where}: class {ds.class_names[missing[0]]!r} has query or gallery images in "
+            f"{ds.name} but is not listed: its test classes are those of its query and gallery "
+            "images"
+        )
 
 
 def _name_index(ds: ImageDataset, where: str) -> dict[str, int]:

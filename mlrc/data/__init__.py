@@ -9,6 +9,7 @@ from mlrc.data import glyphs, on_disk  # noqa: F401  (importing them registers t
 from mlrc.data.base import (
     DATASETS,
     NEEDS_ROOT,
+    ROLES,
     DatasetError,
     DatasetInfo,
     ImageDataset,
@@ -22,6 +23,7 @@ from mlrc.data.base import (
 __all__ = [
     "DATASETS",
     "NEEDS_ROOT",
+    "ROLES",
     "DatasetError",
     "DatasetInfo",
     "ImageDataset",

@@ -36,6 +36,10 @@ Source = str | bytes | np.ndarray
 # ``PIL.Image.MAX_IMAGE_PIXELS`` says: a bigger one is refused before any pixel is decoded.
 MAX_IMAGE_PIXELS = 89_478_485
 
+# The role of an item in a query/gallery benchmark (In-Shop's ``evaluation_status``): training
+# images, and the test classes' queries and the gallery they rank.
+ROLES = ("train", "query", "gallery")
+
 # Transparent pixels are composited onto this colour (RGB drops alpha, so some colour is needed).
 BACKGROUND = (255, 255, 255)
 
@@ -54,6 +58,12 @@ class ImageDataset(torch.utils.data.Dataset):
     ``int`` in 0..C−1, numbered in the class order the protocol uses (``class_names[label]``).
     ``origins[i]`` says where sample i comes from (a path, or ``zip:member``), for messages.
     An image that cannot be decoded raises ``DatasetError`` naming its origin, at first read.
+
+    ``roles`` (None, or one of :data:`ROLES` per item): a query/gallery benchmark's roles, as
+    In-Shop's ``list_eval_partition.txt`` or an image folder's ``query/`` and ``gallery/``
+    trees give them; every query class has a gallery image (``roles_source``, the file or folder
+    that gave the roles, is named when one has none). ``super_labels`` (None, or an int ≥ 0 per
+    item): a coarser class of each item (SOP's 12 super-classes, ``super_class_id − 1``).
     """
 
     def __init__(
@@ -64,6 +74,10 @@ class ImageDataset(torch.utils.data.Dataset):
         class_names: Sequence[str],
         origins: Sequence[str] | None = None,
         transform: Callable | None = None,
+        *,
+        roles: Sequence[str] | np.ndarray | None = None,
+        super_labels: Sequence[int] | np.ndarray | None = None,
+        roles_source: str | None = None,
     ) -> None:
         self.name = name
         self.sources = list(sources)
@@ -83,6 +97,13 @@ class ImageDataset(torch.utils.data.Dataset):
         present = np.unique(self.labels)
         if present[0] != 0 or present[-1] != C - 1 or len(present) != C:
             raise DatasetError(f"{name}: labels must cover 0..{C - 1} exactly")
+        self.roles = None if roles is None else _checked_roles(self, roles, roles_source or name)
+        self.super_labels = None if super_labels is None else _checked_super(self, super_labels)
+
+    @property
+    def partition(self) -> list[str] | None:
+        """In-Shop's older name for :attr:`roles`, as a list (None without roles)."""
+        return None if self.roles is None else self.roles.tolist()
 
     @property
     def num_classes(self) -> int:
@@ -113,6 +134,37 @@ class ImageDataset(torch.utils.data.Dataset):
         return (
             f"{type(self).__name__}({self.name!r}, {len(self)} images, {self.num_classes} classes)"
         )
+
+
+def _checked_roles(ds: ImageDataset, roles: Sequence[str] | np.ndarray, where: str) -> np.ndarray:
+    """``roles`` as a str array, one of :data:`ROLES` per item; every query class has a gallery
+    image (else one line: ``query class 'X' has no gallery image in WHERE``)."""
+    out = np.asarray(roles, dtype=object).astype(str)
+    if out.shape != ds.labels.shape:
+        raise DatasetError(f"{ds.name}: {len(out)} roles for {len(ds.labels)} images")
+    unknown = np.flatnonzero(~np.isin(out, ROLES))
+    if len(unknown):
+        i = int(unknown[0])
+        raise DatasetError(
+            f"{ds.origins[i]}: role {str(out[i])!r} is not one of {', '.join(ROLES)} ({where})"
+        )
+    in_gallery = set(ds.labels[out == "gallery"].tolist())
+    lone = sorted(set(ds.labels[out == "query"].tolist()) - in_gallery)
+    if lone:
+        more = f" (and {len(lone) - 1} more query classes)" if len(lone) > 1 else ""
+        name = ds.class_names[lone[0]]
+        raise DatasetError(f"query class {name!r} has no gallery image in {where}{more}")
+    return out
+
+
+def _checked_super(ds: ImageDataset, super_labels: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``super_labels`` as int64, one integer ≥ 0 per item."""
+    raw = np.asarray(super_labels)
+    if raw.shape != ds.labels.shape:
+        raise DatasetError(f"{ds.name}: {len(raw)} super-class labels for {len(ds.labels)} images")
+    if raw.dtype.kind not in "iu" or (len(raw) and raw.min() < 0):
+        raise DatasetError(f"{ds.name}: super-class labels must be integers ≥ 0")
+    return raw.astype(np.int64)
 
 
 def open_image(source: Source, origin: str) -> Image.Image:

@@ -98,12 +98,12 @@ def decoded_cache(
     """``ds`` with every image decoded, ``Resize(resize)``-d (shorter edge = ``resize`` px) and
     memory-mapped from ``cache_dir`` (built there on first use; see the module docstring).
 
-    Labels, class names, origins and transform are ``ds``'s; sources are read-only uint8
-    ``(H, W, 3)`` views into the mapped file. An undecodable image raises ``DatasetError`` naming
-    its origin, and leaves no cache behind; so does a disk too small for it (size estimated from
-    the image headers, see :func:`check_room`). ``workers`` threads decode while building
-    (default: the CPU count, at most 8); the images are written in order, a few at a time, so
-    building needs little memory whatever the dataset's size.
+    Labels, class names, origins, roles, super-labels and transform are ``ds``'s; sources are
+    read-only uint8 ``(H, W, 3)`` views into the mapped file. An undecodable image raises
+    ``DatasetError`` naming its origin, and leaves no cache behind; so does a disk too small for
+    it (size estimated from the image headers, see :func:`check_room`). ``workers`` threads
+    decode while building (default: the CPU count, at most 8); the images are written in order,
+    a few at a time, so building needs little memory whatever the dataset's size.
     """
     if resize <= 0:
         raise ValueError(f"resize must be a positive number of pixels, not {resize}")
@@ -135,7 +135,8 @@ def eval_crops(
 
     ``ds`` may be a decoded cache of the same ``resize`` (its images are read, no JPEG decoded;
     another ``resize`` is a ``ValueError``) or the original dataset (decoded while building).
-    Labels, class names, origins and transform are ``ds``'s; errors as :func:`decoded_cache`.
+    Labels, class names, origins, roles, super-labels and transform are ``ds``'s; errors as
+    :func:`decoded_cache`.
     """
     if resize <= 0 or crop <= 0:
         raise ValueError(
@@ -223,7 +224,14 @@ class CachedImageDataset(ImageDataset):
         key: str = "",
     ) -> None:
         super().__init__(
-            ds.name, _views(data, index), ds.labels, ds.class_names, ds.origins, ds.transform
+            ds.name,
+            _views(data, index),
+            ds.labels,
+            ds.class_names,
+            ds.origins,
+            ds.transform,
+            roles=ds.roles,
+            super_labels=ds.super_labels,
         )
         self.cache_files = (data_path, index_path)
         self.resize, self.key = resize, key

@@ -11,6 +11,7 @@ not lead out of its root) and the class-folder and annotation-table readers; the
 
 from __future__ import annotations
 
+import csv
 import zipfile
 from pathlib import Path, PurePosixPath
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from mlrc.data.base import (
     IMAGE_EXTENSIONS,
+    ROLES,
     DatasetError,
     ImageDataset,
     bad_file,
@@ -78,12 +80,120 @@ def _from_class_folders(name: str, folders: list[Path]) -> ImageDataset:
 
 @register("image_folder")
 def image_folder(root: str | Path | None = None) -> ImageDataset:
-    """``root/<class>/<image>``; classes sorted by folder name."""
+    """``root/<class>/<image>``; classes sorted by folder name.
+
+    Query/gallery roles (see :data:`ROLES_FILE` and :func:`_role_trees`): ``root/query/<class>/``
+    and ``root/gallery/<class>/`` trees beside or instead of the plain (training) classes, or a
+    ``roles.csv`` list file giving some class folders' images the role ``query`` or ``gallery``.
+    """
     base = _root(root, "image_folder")
     folders = _class_folders(base)
+    trees = _role_trees(folders)
+    listed = base / ROLES_FILE
+    if trees and listed.exists():
+        raise DatasetError(
+            f"{listed}: give roles by query/ and gallery/ folders or by {ROLES_FILE}, not both"
+        )
+    if trees:
+        return _with_role_trees([f for f in folders if f not in trees.values()], trees)
     if not folders:
         raise DatasetError(f"{base}: no class folders (expected root/<class>/<image>)")
-    return _from_class_folders("image_folder", folders)
+    ds = _from_class_folders("image_folder", folders)
+    return _with_roles_file(ds, base, require_file(listed, ROLES_FILE)) if listed.exists() else ds
+
+
+# An image folder's list of roles: CSV with the header ``path,role``; ``path`` relative to the
+# root (``<class>/<image>``), ``role`` ``query`` or ``gallery``; images not listed train.
+ROLES_FILE = "roles.csv"
+TEST_ROLES = ("query", "gallery")
+
+
+def _role_trees(folders: list[Path]) -> dict[str, Path]:
+    """The ``query`` and ``gallery`` folders among ``folders`` that hold class folders (and no
+    images directly: a class *named* ``query`` stays a class); both or neither."""
+    trees = {
+        f.name: f
+        for f in folders
+        if f.name in TEST_ROLES and _class_folders(f) and not list_images(f)
+    }
+    if len(trees) == 1:
+        (role, tree), other = next(iter(trees.items())), set(TEST_ROLES) - set(trees)
+        raise DatasetError(
+            f"{tree}: a {role}/ tree of class folders needs a {other.pop()}/ tree beside it"
+        )
+    return trees
+
+
+def _with_role_trees(plain: list[Path], trees: dict[str, Path]) -> ImageDataset:
+    """Plain class folders (role ``train``) and the ``query/``, ``gallery/`` trees' class folders;
+    a class is a folder name (``query/a`` and ``gallery/a`` are one class), sorted by name; within
+    a class its training, then query, then gallery images, each sorted by name."""
+    by_class: dict[str, list[tuple[Path, str]]] = {}
+    for folder in plain:
+        by_class.setdefault(folder.name, []).append((folder, "train"))
+    for role in TEST_ROLES:
+        for folder in _class_folders(trees[role]):
+            by_class.setdefault(folder.name, []).append((folder, role))
+    sources, labels, roles = [], [], []
+    names = sorted(by_class)
+    for c, name in enumerate(names):
+        for folder, role in by_class[name]:
+            images = list_images(folder)
+            if not images:
+                raise DatasetError(
+                    f"{folder}: class folder has no images ({', '.join(IMAGE_EXTENSIONS)})"
+                )
+            sources += [str(p) for p in images]
+            labels += [c] * len(images)
+            roles += [role] * len(images)
+    check_image_files(sources)
+    where = str(trees["gallery"])
+    return ImageDataset("image_folder", sources, labels, names, roles=roles, roles_source=where)
+
+
+def _with_roles_file(ds: ImageDataset, base: Path, listed: Path) -> ImageDataset:
+    """``ds`` (an image folder) with the roles ``listed`` gives (see :data:`ROLES_FILE`)."""
+    index = {Path(s).relative_to(base).as_posix(): i for i, s in enumerate(ds.sources)}
+    roles = np.full(len(ds), "train", dtype=object)
+    seen: dict[str, int] = {}
+    for lineno, (path, role) in _roles_rows(listed):
+        key = PurePosixPath(path).as_posix()
+        if key in seen:
+            raise DatasetError(
+                f"{listed}:{lineno}: image {path!r} is listed twice (also at line {seen[key]})"
+            )
+        if key not in index:
+            raise DatasetError(
+                f"{listed}:{lineno}: {path!r} is not an image of a class folder of {base}"
+            )
+        if role not in TEST_ROLES:
+            raise DatasetError(f"{listed}:{lineno}: role {role!r} is not query or gallery")
+        seen[key] = lineno
+        roles[index[key]] = role
+    return ImageDataset(
+        ds.name, ds.sources, ds.labels, ds.class_names, roles=roles, roles_source=str(listed)
+    )
+
+
+def _roles_rows(listed: Path) -> list[tuple[int, tuple[str, str]]]:
+    """The rows ``(line number, (path, role))`` of a roles file, after its ``path,role`` header."""
+    try:
+        lines = listed.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise DatasetError(
+            f"{listed}: not a UTF-8 text file ({e.reason} at byte {e.start})"
+        ) from None
+    except OSError as e:
+        raise DatasetError(f"{listed}: cannot read the roles file ({e.strerror})") from None
+    rows = [(n, r) for n, r in enumerate(csv.reader(lines), 1) if any(x.strip() for x in r)]
+    if not rows or [x.strip() for x in rows[0][1]] != ["path", "role"]:
+        raise DatasetError(f"{listed}: expected the header line 'path,role'")
+    out = []
+    for lineno, row in rows[1:]:
+        if len(row) != 2:
+            raise DatasetError(f"{listed}:{lineno}: expected 'path,role'")
+        out.append((lineno, (row[0].strip(), row[1].strip())))
+    return out
 
 
 @register("cub200")
@@ -151,31 +261,47 @@ def _read_table(path: Path, header: str) -> list[list[str]]:
 
 @register("sop")
 def sop(root: str | Path | None = None) -> ImageDataset:
-    """Stanford Online Products: ``Ebay_train.txt`` then ``Ebay_test.txt``; label = class_id − 1."""
+    """Stanford Online Products: ``Ebay_train.txt`` then ``Ebay_test.txt``; label = class_id − 1.
+
+    ``super_labels``: the 12 product categories, ``super_class_id − 1`` (ids renumbered in
+    sorted order, as the classes); a class listed with two super-classes is refused.
+    """
     base = _root(root, "sop")
-    sources, classes = [], []
+    sources, classes, supers = [], [], []
+    first: dict[int, tuple[int, str]] = {}  # class_id → (super_class_id, where first listed)
     for split in ("Ebay_train.txt", "Ebay_test.txt"):
         table = require_file(base / split, f"SOP annotation file {split}")
         for lineno, row in enumerate(
             _read_table(table, "image_id class_id super_class_id path"), 2
         ):
-            if len(row) != 4 or not (row[1].isascii() and row[1].isdigit()):
+            if len(row) != 4 or not all(x.isascii() and x.isdigit() for x in row[1:3]):
                 raise DatasetError(
                     f"{table}:{lineno}: expected 'image_id class_id super_class_id path'"
                 )
+            class_id, super_id = int(row[1]), int(row[2])
+            known = first.setdefault(class_id, (super_id, f"{table.name}:{lineno}"))
+            if known[0] != super_id:
+                raise DatasetError(
+                    f"{table}:{lineno}: class {class_id} has super_class_id {super_id} here "
+                    f"but {known[0]} at {known[1]}"
+                )
             sources.append(_inside(base, row[3], table))
-            classes.append(int(row[1]))
+            classes.append(class_id)
+            supers.append(super_id)
     check_image_files(sources)
     labels, ids = renumber(classes)  # the official ids are 1..22634, so this is class_id − 1
-    return ImageDataset("sop", sources, labels, [str(i) for i in ids])
+    return ImageDataset(
+        "sop", sources, labels, [str(i) for i in ids], super_labels=renumber(supers)[0]
+    )
 
 
 @register("inshop")
 def inshop(root: str | Path | None = None) -> ImageDataset:
     """In-Shop Clothes Retrieval: ``list_eval_partition.txt`` + ``img/``; one class per item id.
 
-    Classes are ordered by item id. ``dataset.partition[i]`` keeps the official
-    ``train`` / ``query`` / ``gallery`` status of each image.
+    Classes are ordered by item id. ``dataset.roles[i]`` keeps the official ``train`` /
+    ``query`` / ``gallery`` status of each image (``evaluation_status``); an image listed twice
+    or another status is refused.
     """
     base = _root(root, "inshop")
     table = require_file(
@@ -187,15 +313,25 @@ def inshop(root: str | Path | None = None) -> ImageDataset:
             f"{table}: expected a count line, then 'image_name item_id evaluation_status'"
         )
     rows = lines[2:]
+    seen: dict[str, int] = {}
     for lineno, row in enumerate(rows, 3):
         if len(row) != 3:
             raise DatasetError(f"{table}:{lineno}: expected 'image_name item_id evaluation_status'")
+        if row[2] not in ROLES:
+            raise DatasetError(
+                f"{table}:{lineno}: evaluation_status {row[2]!r} is not one of {', '.join(ROLES)}"
+            )
+        if seen.setdefault(row[0], lineno) != lineno:
+            raise DatasetError(
+                f"{table}:{lineno}: image {row[0]!r} is listed twice (also at line {seen[row[0]]})"
+            )
     sources = [_inside(base, r[0], table) for r in rows]
     check_image_files(sources)
     labels, ids = renumber([r[1] for r in rows])
-    ds = ImageDataset("inshop", sources, labels, [str(i) for i in ids])
-    ds.partition = [r[2] for r in rows]
-    return ds
+    roles = [r[2] for r in rows]
+    return ImageDataset(
+        "inshop", sources, labels, [str(i) for i in ids], roles=roles, roles_source=str(table)
+    )
 
 
 @register("omniglot")

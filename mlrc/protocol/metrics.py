@@ -52,7 +52,10 @@ def retrieval_metrics(
     Also returns ``num_queries`` (queries with R > 0).
     """
     x = to_tensor(embeddings, device)
-    y = torch.from_numpy(integer_labels(labels, "labels")).to(x.device)
+    if isinstance(labels, torch.Tensor) and not (labels.is_floating_point() or labels.is_complex()):
+        y = labels.detach().to(x.device).long().reshape(-1)  # integers: no read-back to check
+    else:
+        y = torch.from_numpy(integer_labels(labels, "labels")).to(x.device)
     x = x if x.dtype in (torch.float32, torch.float64) else x.double()
     check_embeddings(x, y)
     _, y, class_sizes = torch.unique(y, return_inverse=True, return_counts=True)  # y: class id

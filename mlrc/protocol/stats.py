@@ -29,3 +29,22 @@ def confidence_interval(
     s = x.std(ddof=1)
     half_width = float(stats.t.ppf(0.5 + level / 2, n - 1) * s / np.sqrt(n))
     return float(x.mean()), half_width
+
+
+def separated_mean(
+    fold_metrics: Sequence[dict[str, float]], best_epochs: Sequence[int]
+) -> tuple[dict[str, float], list[int]]:
+    """The separated (128-D) row of a reproduction: each metric's mean over its fold models,
+    leaving out a fold whose model is the untrained one (best epoch 0), as the reference's
+    ``MeanAggregator`` does (``get_accuracies_of_best_epoch(..., ignore_epoch=(-1, 0))`` finds no
+    trained epoch for such a fold, so it adds no value). Returns (means, the folds averaged).
+
+    When every fold's best epoch is 0 the reference records no trained row at all; mlrc then
+    averages all folds (its caller says so) rather than leave the reproduction without a row.
+    """
+    if len(fold_metrics) != len(best_epochs) or not fold_metrics:
+        raise ValueError(f"{len(fold_metrics)} fold results for {len(best_epochs)} best epochs")
+    kept = [i for i, e in enumerate(best_epochs) if e != 0] or list(range(len(best_epochs)))
+    keys = fold_metrics[0].keys()
+    means = {k: float(np.mean([fold_metrics[i][k] for i in kept])) for k in keys}
+    return means, kept

@@ -10,24 +10,28 @@ import pandas as pd
 from mlrc.report.latex import latex_document, latex_table
 from mlrc.report.layout import Block, Cell, legend, table_blocks
 from mlrc.report.legend import DAGGER
+from mlrc.report.stability import stability_csv, stability_json, stability_md
 from mlrc.report.summary import tidy_columns
 from mlrc.report.table_html import html_page
 from mlrc.report.values import ReportError
 
 __all__ = ["FORMATS", "csv_table", "json_report", "md_table", "render"]
 
-FORMATS = ("md", "csv", "latex", "html", "json")
+FORMATS = ("md", "csv", "latex", "html", "json", "stability-csv")
 
 
 def render(summary: pd.DataFrame, fmt: str, *, standalone: bool = False) -> str:
-    """``md`` | ``csv`` | ``latex`` | ``html``. Values in percent; ± is the 95% CI half-width.
-    ``standalone``: LaTeX as a complete document (HTML is always a complete page)."""
+    """``md`` | ``csv`` | ``latex`` | ``html`` | ``json`` | ``stability-csv`` (the ranking
+    stability's numbers, :mod:`mlrc.report.stability`). Values in percent; ± is the 95% CI
+    half-width. ``standalone``: LaTeX as a complete document (HTML is always a complete page)."""
     if fmt not in FORMATS:
         raise ReportError(f"unknown format {fmt!r} ({', '.join(FORMATS)})")
     if fmt == "csv":
         return csv_table(summary)
     if fmt == "json":
         return json_report(summary)
+    if fmt == "stability-csv":
+        return stability_csv(summary)
     if fmt == "html":
         return html_page(summary)
     if summary.empty:
@@ -93,6 +97,7 @@ def json_report(summary: pd.DataFrame) -> str:
         "lines": lines,
         "blocks": blocks,
         "legend": legend(summary, table_blocks(summary)) if not summary.empty else [],
+        "stability": stability_json(summary),
     }
     return json.dumps(doc, indent=1, ensure_ascii=False, default=_plain) + "\n"
 
@@ -138,6 +143,7 @@ def md_table(summary: pd.DataFrame) -> str:
             label = f"<ins>{label}</ins>" if r.underline else label
             parts.append("| " + " | ".join([label, r.n] + [_md_cell(c) for c in r.cells]) + " |")
         parts.append("")
+    parts += stability_md(summary)
     words = legend(summary, blocks)
     parts += [line + "  " for line in words[:-1]] + [words[-1], ""]
     return "\n".join(parts)

@@ -1,6 +1,7 @@
 """The test-result tables in LaTeX: booktabs, ``\\pm``, ``\\textbf``, ``\\underline``,
-``$^{\\dagger}$``, ``\\S`` after a traditional row, the legend as a paragraph after the
-tabular; :func:`latex_document` wraps it in a document that pdflatex compiles."""
+``$^{\\dagger}$``, ``\\S`` after a traditional row, the ranking stability
+(:mod:`mlrc.report.stability`) and the legend as paragraphs after the tabular;
+:func:`latex_document` wraps it in a document that pdflatex compiles."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from mlrc.report.layout import (
     table_blocks,
 )
 from mlrc.report.legend import DAGGER, DDAGGER, SECTION, TRADITIONAL_TITLE, WARM
+from mlrc.report.stability import SECTION_TITLE, stability_text
 from mlrc.report.values import MODES
 from mlrc.store import METRIC_COLUMNS
 
@@ -91,6 +93,11 @@ def latex_table(summary: pd.DataFrame, standalone: bool = False) -> str:
         .replace("Underlined", r"\underline{Underlined}")
         for line in legend(summary, blocks)
     ]
+    stability = [latex_text(w) for w in stability_text(summary)]
+    if stability:  # the ranking stability: a paragraph between the tabular and its legend
+        body = " \\\\\n".join(stability)
+        head = rf"{{\footnotesize\noindent \textbf{{{SECTION_TITLE}.}} "
+        lines += [r"\par\smallskip", head + body + r"\par}"]
     # the legend: a paragraph after the tabular, wrapped at the line width
     lines += [
         r"\par\smallskip",
@@ -112,6 +119,10 @@ def latex_text(s: str) -> str:
         .replace(SECTION, r"\S{}")
         .replace(WARM, r"\P{}")
         .replace("…", r"\ldots{}")
+        .replace("τ", r"$\tau$")
+        .replace("↔", r"$\leftrightarrow$")
+        .replace("·", r"$\cdot$")
+        .replace("−", "$-$")
         .replace("—", "---")
         .replace("–", "--")
     )

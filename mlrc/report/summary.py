@@ -16,7 +16,15 @@ from scipy import stats
 from mlrc.protocol import confidence_interval
 from mlrc.report.values import META_COLUMNS, UNMARKED_METRICS
 
-__all__ = ["ALPHA", "TIDY_COLUMNS", "summarize", "tidy_columns", "welch_p", "with_defaults"]
+__all__ = [
+    "ALPHA",
+    "SAMPLES",
+    "TIDY_COLUMNS",
+    "summarize",
+    "tidy_columns",
+    "welch_p",
+    "with_defaults",
+]
 
 ALPHA = 0.05
 TIDY_COLUMNS = [
@@ -59,6 +67,8 @@ def tidy_columns(summary: pd.DataFrame) -> list[str]:
     return TIDY_COLUMNS + ([AFTER_COLUMN] if after else [])
 
 
+# the line's values by reproduction (a tuple, in %): for mlrc.report.stability, never exported
+SAMPLES = "reproduction_values"
 _KEYS = ["study", "dataset", "protocol", "loss", "strategy", "pruner", "mode", "metric"]
 
 
@@ -111,7 +121,9 @@ def summarize(values: pd.DataFrame, level: float = 0.95, alpha: float = ALPHA) -
     protocol × mode × metric), ``best_row`` (the studies with their block's highest concatenated
     MAP@R), ``p_value`` (Welch's t-test against the column's best study in the block; NaN for
     that study itself and when n < 2 on either side) and ``not_worse`` (True for the best study
-    and when p ≥ ``alpha``, False when p < ``alpha``, missing when p is NaN). Exact ties: every
+    and when p ≥ ``alpha``, False when p < ``alpha``, missing when p is NaN); :data:`SAMPLES`
+    holds the line's values by reproduction (for :mod:`mlrc.report.stability`; not in the
+    CSV/JSON lines). Exact ties: every
     study with the top mean is best (and every one with the top concatenated MAP@R a best row),
     none of them has a p-value, and another study's p is the smallest of its tests against each
     of them. Baseline lines (``baseline`` True), archived studies (``archived``) and the chosen
@@ -139,10 +151,11 @@ def _intervals(values: pd.DataFrame, level: float) -> tuple[pd.DataFrame, list[n
                 "low": mean - hw,
                 "high": mean + hw,
                 **{c: first[c] for c in META_COLUMNS},
+                SAMPLES: tuple(float(x) for x in v),
             }
         )
     columns = [c for c in TIDY_COLUMNS if c in _KEYS or c in ("mean", "half_width", "n")]
-    columns += ["low", "high"] + [c for c in META_COLUMNS if c not in columns]
+    columns += ["low", "high"] + [c for c in META_COLUMNS if c not in columns] + [SAMPLES]
     summary = pd.DataFrame(out, columns=columns)
     for c in ("baseline", "test_set_selection", "archived", "untrained_test", "after_the_fact"):
         summary[c] = summary[c].astype(bool)

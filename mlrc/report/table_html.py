@@ -17,6 +17,7 @@ from mlrc.report.layout import (
     table_blocks,
 )
 from mlrc.report.legend import DAGGER
+from mlrc.report.stability import stability_html
 from mlrc.report.values import MODES
 
 __all__ = ["html_page"]
@@ -101,6 +102,7 @@ def html_page(summary: pd.DataFrame) -> str:
     blocks = table_blocks(summary)
     for b in blocks:
         parts += _table(b)
+    parts += stability_html(summary)
     parts.append('<div class="legend">')
     parts += [f"<p>{html.escape(line)}</p>" for line in legend(summary, blocks)]
     parts += ["</div>", "</body>", "</html>", ""]

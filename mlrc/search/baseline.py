@@ -7,6 +7,8 @@ import hashlib
 import logging
 from typing import Any
 
+import numpy as np
+
 from mlrc.config import ResolvedStudy
 from mlrc.config.identity import canonical_json, code_version
 from mlrc.protocol import retrieval_metrics
@@ -21,7 +23,8 @@ log = logging.getLogger("mlrc")
 
 def baseline_of(r: ResolvedStudy) -> dict[str, Any]:
     """What defines the untrained row's numbers: the dataset, the trunk and its weights, the
-    eval transform (the test classes are the second half of the classes, whatever the folds)."""
+    eval transform (the test classes are the second half of the classes, or the query/gallery
+    classes of a dataset with roles, whatever the folds)."""
     p = r.preset
     return {
         "dataset": r.study.dataset.model_dump(mode="json"),
@@ -78,3 +81,38 @@ def view_of_test_classes(ctx: StudySession, input_spec: dict) -> View:
     (:func:`~mlrc.train.setup.eval_inputs`: computed once under ``decoded_cache``)."""
     p = ctx.resolved.preset
     return eval_inputs(p, ctx.dataset, ctx.split.test_classes, input_spec, ctx.progress)
+
+
+def test_roles(ctx: StudySession, view: View) -> np.ndarray:
+    """Per row of a test view (:func:`view_of_test_classes`): ``"query"`` or ``"gallery"``
+    where the dataset gives its test images roles (In-Shop, an image folder with ``query/`` and
+    ``gallery/``), else ``"all"`` (every image is a query against all the others). A ``str``
+    array of ``len(view)``; a training image among the rows is a ValueError (the split keeps
+    the test classes those of the query and gallery images)."""
+    roles = getattr(view.ds, "roles", None)
+    if roles is None:
+        roles = getattr(
+            ctx.dataset, "roles", None
+        )  # the view reads the dataset itself or its cached crops
+    if roles is None:
+        return np.full(len(view), "all", dtype="<U7")
+    if len(roles) != len(view.ds):
+        raise ValueError(f"{ctx.dataset.name}: {len(roles)} roles for {len(view.ds)} images")
+    out = np.asarray(roles)[view.indices].astype("<U7")
+    if (out == "train").any():
+        i = int(view.indices[np.flatnonzero(out == "train")[0]])
+        raise ValueError(f"{view.ds.origins[i]}: a training image is in the test view")
+    return out
+
+
+def test_super_labels(ctx: StudySession, view: View) -> np.ndarray | None:
+    """Per row of a test view: the dataset's super-class label (SOP's categories,
+    ``super_class_id − 1``), or None when the dataset has none."""
+    supers = getattr(view.ds, "super_labels", None)
+    if supers is None:
+        supers = getattr(ctx.dataset, "super_labels", None)
+    return None if supers is None else np.asarray(supers)[view.indices].astype(np.int64)
+
+
+test_roles.__test__ = False  # type: ignore[attr-defined]  # not a test when a test imports it
+test_super_labels.__test__ = False  # type: ignore[attr-defined]

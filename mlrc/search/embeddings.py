@@ -13,7 +13,10 @@ Arrays (``numpy.load(path)`` alone reads them; no pickle):
 - ``labels``: n, int64, the dataset's class label of each test item;
 - ``roles``: n, str, ``all`` (scored all against all) or ``query`` / ``gallery`` where the
   dataset gives its test items roles;
-- ``super_labels``: n, int64, only when the dataset has super-classes (SOP's 12 categories).
+- ``super_labels``: n, int64, only when the dataset has super-classes (SOP's 12 categories);
+- ``best_epochs``: folds, int64, the epoch each fold model was taken at (0: the untrained model,
+  which the separated mean leaves out as the reference does,
+  :func:`mlrc.protocol.stats.separated_mean`).
 
 The concatenated (512-D) embedding is ``mlrc.protocol.concatenate_embeddings(list(separated))``
 on the float32 of the stored rows, as the test stage computes it. The file is written to a
@@ -40,9 +43,7 @@ __all__ = [
     "file_fields",
     "file_name",
     "load_checked",
-    "roles_of",
     "sha256_of",
-    "super_labels_of",
     "write_npz",
 ]
 
@@ -55,26 +56,6 @@ DTYPES = {"float16": np.float16, "float32": np.float32}
 def file_name(reproduction: int) -> str:
     """``test-rep<N>.npz``."""
     return f"test-rep{reproduction}.npz"
-
-
-def roles_of(dataset: Any, indices: np.ndarray) -> np.ndarray:
-    """The roles of the dataset items ``indices`` (a test view's rows): ``query`` / ``gallery``
-    where ``dataset.roles`` gives them, else ``all`` (no roles, or any other role)."""
-    roles = getattr(dataset, "roles", None)
-    n = len(indices)
-    if roles is None:
-        return np.full(n, "all", dtype="<U7")
-    picked = np.asarray(roles, dtype=object)[np.asarray(indices)]
-    out = np.full(n, "all", dtype="<U7")
-    for role in ("query", "gallery"):
-        out[picked == role] = role
-    return out
-
-
-def super_labels_of(dataset: Any, indices: np.ndarray) -> np.ndarray | None:
-    """The super-class of each of the dataset items ``indices`` (None: the dataset has none)."""
-    sup = getattr(dataset, "super_labels", None)
-    return None if sup is None else np.asarray(sup, dtype=np.int64)[np.asarray(indices)]
 
 
 def sha256_of(path: Path) -> str:
@@ -105,6 +86,7 @@ def write_npz(
     roles: np.ndarray,
     super_labels: np.ndarray | None,
     dtype: str = "float16",
+    best_epochs: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Write the ``.npz`` at ``path`` atomically (a temporary file in its folder, flushed, then
     renamed; the folder is created) and return its store fields (:func:`file_fields` less
@@ -116,6 +98,8 @@ def write_npz(
     }
     if super_labels is not None:
         arrays["super_labels"] = np.asarray(super_labels, dtype=np.int64)
+    if best_epochs is not None:
+        arrays["best_epochs"] = np.asarray(best_epochs, dtype=np.int64)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -12,7 +12,7 @@ from mlrc.config.identity import code_version, params_hash
 from mlrc.search.artifacts import artifact_root, fold_folder, study_folder
 from mlrc.search.errors import StudyError
 from mlrc.store import results, studies, trials
-from mlrc.train import export_model
+from mlrc.train import OnnxExportError, export_model
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -33,8 +33,10 @@ def export_study_model(
 ) -> dict[str, Any]:
     """Write study ``name``'s model to ``out``: the reproduction with the best test MAP@R
     (``reproduction``: that one) — its four fold models concatenated (``dim`` "512") or its
-    fold model with the best test MAP@R (``dim`` "128"). Returns what was written (metadata).
-    A study without test results, or whose checkpoints were not kept, is a StudyError."""
+    fold model with the best test MAP@R (``dim`` "128"), in format ``fmt`` (state-dict, export
+    or onnx: :mod:`mlrc.train.export`). Returns what was written (metadata).
+    A study without test results, or whose checkpoints were not kept, or a model ONNX cannot
+    express (``fmt`` "onnx"), is a StudyError."""
     row = studies.study_named(engine, name)
     if row is None:
         raise StudyError(f"no study {name!r} in the store")
@@ -76,9 +78,18 @@ def export_study_model(
         "mode": mode,
         "code_version": code_version(),
     }
-    preset = Preset.model_validate(row.config["preset"])
-    export_model(preset, paths, out, meta, fmt)
+    _export(name, Preset.model_validate(row.config["preset"]), paths, out, meta, fmt)
     return meta
+
+
+def _export(
+    name: str, preset: Preset, paths: list[Path], out: Path, meta: dict[str, Any], fmt: str
+) -> None:
+    """:func:`export_model`, a model ONNX cannot express a StudyError of study ``name``."""
+    try:
+        export_model(preset, paths, out, meta, fmt)
+    except OnnxExportError as e:
+        raise StudyError(f"study {name!r}: {e}") from e
 
 
 def _chosen_reproduction(

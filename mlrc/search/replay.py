@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from mlrc import store
 from mlrc.config.load import did_you_mean
 from mlrc.config.schema import StopSpec
-from mlrc.protocol.stopping import Curve, Incumbent
+from mlrc.protocol.stopping import Curve, FoldStop, Incumbent
 from mlrc.search.errors import StudyError
 from mlrc.search.pruning import (
     Rules,
@@ -42,6 +42,7 @@ __all__ = [
     "RecordedStudy",
     "RecordedTrial",
     "ReplayResult",
+    "StopWith",
     "read_corpus",
     "recorded_study",
     "replay",
@@ -114,6 +115,8 @@ class ReplayResult:
     pruned: int
     stopped: int
     decisions: dict[int, str] = field(default_factory=dict)  # trial → complete|pruned|failed
+    trial_epochs: dict[int, int] = field(default_factory=dict)  # trial → fold-epochs it spent
+    stopped_at: dict[int, tuple[int, int]] = field(default_factory=dict)  # trial → (fold, epoch)
 
     @property
     def fold_epochs_fraction(self) -> float:
@@ -123,7 +126,14 @@ class ReplayResult:
         out = asdict(self)
         out["fold_epochs_fraction"] = self.fold_epochs_fraction
         out.pop("decisions")
+        out.pop("trial_epochs")
+        out.pop("stopped_at")
         return out
+
+
+# (the rule's FoldStop or None, the fold, the complete curves of that fold so far) → a rule
+# with ``reason(epoch, best)``: bench/pruning.py tries rules of its own in replay with it
+StopWith = Callable[[FoldStop | None, int, Sequence[Curve]], Any]
 
 
 @dataclass
@@ -133,7 +143,10 @@ class _State:
     complete: list[tuple[int, str, float | None]] = field(default_factory=list)
     folds: dict[str, dict[int, float]] = field(default_factory=dict)
     curves: list[Curve] = field(default_factory=list)
+    curve_folds: list[int] = field(default_factory=list)  # the fold of each of ``curves``
     spent: int = 0
+    trial_epochs: dict[int, int] = field(default_factory=dict)
+    stopped_at: dict[int, tuple[int, int]] = field(default_factory=dict)
     trained: set[tuple[str, int]] = field(default_factory=set)
 
     def incumbent(self, n_folds: int) -> Incumbent | None:
@@ -141,12 +154,14 @@ class _State:
         return incumbent_of(self.complete, full)
 
 
-def replay(study: RecordedStudy, rules: Rules) -> ReplayResult:
-    """Replay ``study`` under ``rules`` (see the module docstring)."""
+def replay(study: RecordedStudy, rules: Rules, stop_with: StopWith | None = None) -> ReplayResult:
+    """Replay ``study`` under ``rules`` (see the module docstring). ``stop_with``: the in-fold
+    rule each fold asks, made from the rules' own (None where they stop nothing) — for trying a
+    rule in replay before it exists in a study's ``search.stop``."""
     ostudy = optuna.create_study(direction="maximize", pruner=make_pruner(rules))
     state, decisions, stopped = _State(), {}, 0
     for t in study.trials:
-        how, was_stopped = _replay_trial(study, rules, ostudy, state, t)
+        how, was_stopped = _replay_trial(study, rules, ostudy, state, t, stop_with)
         decisions[t.number] = how
         stopped += was_stopped
     full = study.full_choice()
@@ -166,6 +181,8 @@ def replay(study: RecordedStudy, rules: Rules) -> ReplayResult:
         pruned=sum(d == "pruned" for d in decisions.values()),
         stopped=stopped,
         decisions=decisions,
+        trial_epochs=state.trial_epochs,
+        stopped_at=state.stopped_at,
     )
 
 
@@ -179,7 +196,12 @@ def _first_runs(trials: Sequence[RecordedTrial]) -> list[list[RecordedFold]]:
 
 
 def _replay_trial(
-    study: RecordedStudy, rules: Rules, ostudy: optuna.Study, state: _State, t: RecordedTrial
+    study: RecordedStudy,
+    rules: Rules,
+    ostudy: optuna.Study,
+    state: _State,
+    t: RecordedTrial,
+    stop_with: StopWith | None = None,
 ) -> tuple[str, bool]:
     """One trial told to ``ostudy`` as the live objective would: its folds in order, each
     possibly stopped, the pruner asked after each; (how it ended, whether a fold stopped)."""
@@ -198,11 +220,16 @@ def _replay_trial(
             study.epochs,
             best_fold_values(state.folds.values()),
         )
+        if stop_with is not None:
+            same = [c for c, j in zip(state.curves, state.curve_folds, strict=True) if j == f.fold]
+            stop = stop_with(stop, f.fold, same)
         at, stopped_best = _walk(f, stop)
         if (t.params_hash, f.fold) not in state.trained:  # a repeated set reuses its folds
             state.spent += at
+            state.trial_epochs[t.number] = state.trial_epochs.get(t.number, 0) + at
             state.trained.add((t.params_hash, f.fold))
         if stopped_best is not None:  # its best so far is told to the pruner, then pruned
+            state.stopped_at[t.number] = (f.fold, at)
             values[f.fold] = stopped_best
             order.append(f.fold)
             _report(rules, trial, order, values, study.n_folds)
@@ -214,6 +241,7 @@ def _replay_trial(
         order.append(f.fold)
         state.folds.setdefault(t.params_hash, {})[f.fold] = f.objective
         state.curves.append(trained_curve(f.points))
+        state.curve_folds.append(f.fold)
         if _report(rules, trial, order, values, study.n_folds) and len(order) < study.n_folds:
             ostudy.tell(trial, state=optuna.trial.TrialState.PRUNED)
             return "pruned", False

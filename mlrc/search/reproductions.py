@@ -29,9 +29,15 @@ from mlrc.errors import first_line
 from mlrc.protocol import concatenate_embeddings, retrieval_metrics
 from mlrc.protocol.analysis import analysis_metrics, metrix_utilization, recall_ks
 from mlrc.protocol.retrieval import retrieval_view
+from mlrc.protocol.stats import separated_mean
 from mlrc.search import retention
-from mlrc.search.baseline import ensure_baseline, view_of_test_classes
-from mlrc.search.embeddings import file_fields, roles_of, super_labels_of
+from mlrc.search.baseline import (
+    ensure_baseline,
+    test_roles,
+    test_super_labels,
+    view_of_test_classes,
+)
+from mlrc.search.embeddings import file_fields
 from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending, interrupt_behind
 from mlrc.search.folds import FoldJob, run_fold
 from mlrc.search.session import StudySession
@@ -185,16 +191,14 @@ def _train_and_test(
         own = np.isin(np.asarray(ctx.split.trainval_classes)[tv_lab], fold.train_classes)
         m = _test_metrics(ctx, emb, labels, tv_emb[own])
         rows.append(("separated", fold.index, {**m, "best_epoch": float(res.best_epoch)}))
-    # separated aggregate: the mean of the four 128-D models' metrics (MLRC's MeanAggregator)
-    keys = rows[0][2].keys()
-    rows.append(("separated", -1, {k: float(np.mean([m[k] for _, _, m in rows])) for k in keys}))
+    rows.append(("separated", -1, _separated_row(rep, [m for _, _, m in rows])))
     joined = concatenate_embeddings(embeddings)
     m = _test_metrics(ctx, joined, labels, concatenate_embeddings(seen))
     epochs = [fm["best_epoch"] for _, fold, fm in rows if fold >= 0]
     # best_epoch: the epoch each fold model was taken at (traditional: chosen on the test set)
     rows.append(("concatenated", -1, {**m, "best_epoch": float(np.mean(epochs))}))
     view = _retrieval_view(ctx, joined, test_view, rep)
-    stored = _store_embeddings(ctx, params, rep, embeddings, test_view)
+    stored = _store_embeddings(ctx, params, rep, embeddings, test_view, epochs)
     results.record_reproduction(ctx.engine, ctx.study_id, rep, params, rows, view, stored)
     retention.collect(ctx)  # its folds' checkpoints are read no more (kept under keep: best)
     ctx.tracker.reproduction_finished(rep, params, rows)
@@ -207,18 +211,44 @@ def _store_embeddings(
     rep: int,
     separated: list[np.ndarray],
     view: View,
+    best_epochs: list[float],
 ) -> dict[str, Any]:
     """Write reproduction ``rep``'s test embeddings (each fold model's raw rows, the items of
-    ``view``) to its ``.npz`` (:mod:`mlrc.search.embeddings`) and return its store fields."""
+    ``view``; each fold model's best epoch) to its ``.npz`` (:mod:`mlrc.search.embeddings`) and
+    return its store fields."""
     arrays = {
         "separated": separated,
         "labels": ctx.dataset.labels[view.indices],  # the dataset's class labels
-        "roles": roles_of(ctx.dataset, view.indices),
-        "super_labels": super_labels_of(ctx.dataset, view.indices),
+        "roles": test_roles(ctx, view),
+        "super_labels": test_super_labels(ctx, view),
+        "best_epochs": np.asarray(best_epochs, dtype=np.int64),
         "dtype": ctx.resolved.study.artifacts.embeddings,
     }
     root, hashed = ctx.artifact_root, params_hash(params)
     return file_fields(ctx.artifacts, root, rep, hashed, arrays)
+
+
+def _separated_row(rep: int, fold_rows: list[dict[str, float]]) -> dict[str, float]:
+    """The separated aggregate of reproduction ``rep``: the mean of its 128-D fold models'
+    metrics without the folds whose best epoch is 0 (the reference's ``MeanAggregator``:
+    :func:`mlrc.protocol.stats.separated_mean`); they still count in the concatenation."""
+    epochs = [int(m["best_epoch"]) for m in fold_rows]
+    means, _ = separated_mean(fold_rows, epochs)
+    untrained = [fold for fold, e in enumerate(epochs) if e == 0]
+    if untrained and len(untrained) < len(epochs):
+        log.info(
+            "reproduction %d: fold(s) %s kept the untrained model (best epoch 0): left out of "
+            "the separated mean, as the reference does",
+            rep,
+            untrained,
+        )
+    elif untrained:
+        log.warning(
+            "reproduction %d: every fold kept the untrained model (best epoch 0): the separated "
+            "mean is over all folds (the reference records no trained row)",
+            rep,
+        )
+    return means
 
 
 def _retrieval_view(ctx: StudySession, joined: np.ndarray, view: View, rep: int) -> dict | None:

@@ -4,7 +4,8 @@
 computed after the fact (``mlrc_rescored``), where ``mlrc report --metrics`` reads them.
 
 Per reproduction, as the test stage scores: each fold model's rows (separated, folds 0..k−1),
-their mean (separated, fold −1: MLRC's mean aggregator) and the concatenated embedding
+their mean (separated, fold −1: the reference's mean aggregator, which leaves out a fold kept at
+epoch 0, :func:`mlrc.protocol.stats.separated_mean`) and the concatenated embedding
 (concatenated, fold −1: :func:`mlrc.protocol.concatenate_embeddings` of the float32 of the
 stored rows). Where the stored roles give queries and a gallery, each query ranks the gallery
 (query→gallery); otherwise every item is a query against all the others (all vs all).
@@ -22,6 +23,7 @@ import numpy as np
 
 from mlrc.config.identity import code_version
 from mlrc.protocol import concatenate_embeddings
+from mlrc.protocol.stats import separated_mean
 from mlrc.search.artifacts import study_folder
 from mlrc.search.embeddings import load_checked
 from mlrc.search.errors import StudyError
@@ -94,8 +96,9 @@ def score_arrays(
         ("separated", k, _score_one(metrics, sep[k], labels, roles, sup, device))
         for k in range(sep.shape[0])
     ]
-    keys = rows[0][2].keys()
-    rows.append(("separated", -1, {k: float(np.mean([m[k] for _, _, m in rows])) for k in keys}))
+    epochs = arrays.get("best_epochs", np.ones(sep.shape[0], dtype=np.int64))
+    mean, _ = separated_mean([m for _, _, m in rows], [int(e) for e in epochs])
+    rows.append(("separated", -1, mean))
     joined = concatenate_embeddings(list(sep))
     rows.append(("concatenated", -1, _score_one(metrics, joined, labels, roles, sup, device)))
     return rows

@@ -14,7 +14,7 @@ resume from. Knows nothing of Optuna or the store.
 
 from mlrc.train.checkpoint import CheckpointError
 from mlrc.train.embed import IndexedView, View, embed
-from mlrc.train.export import EmbeddingModel, export_model, load_exported
+from mlrc.train.export import EmbeddingModel, OnnxExportError, export_model, load_exported
 from mlrc.train.loop import FoldRun, train_fold
 from mlrc.train.model import (
     AMP_DTYPES,
@@ -38,6 +38,7 @@ __all__ = [
     "FoldResult",
     "FoldRun",
     "FoldSpec",
+    "OnnxExportError",
     "IndexedView",
     "Model",
     "View",

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from sklearn.metrics import average_precision_score, ndcg_score
 
 from mlrc.protocol import retrieval_metrics
@@ -340,6 +341,10 @@ def test_bad_inputs_are_one_line():
             lambda: retrieval_metrics(x, np.linspace(0.01, 0.04, 30)),
             "labels must be integer class ids",
         ),
+        (
+            lambda: retrieval_metrics(torch.from_numpy(x), torch.linspace(0.01, 0.04, 30)),
+            "labels must be integer class ids",
+        ),
         (lambda: score(parse_metrics("hierarchical_ndcg_at_k@5"), x, y), "needs super_labels"),
         (
             lambda: score(
@@ -383,3 +388,44 @@ def test_a_plugin_metric_registers_and_scores():
         assert "hits_at_k" in list_metrics()
     finally:
         METRICS.unregister("hits_at_k")
+
+
+@pytest.mark.parametrize("layout", ["all_vs_all", "query_vs_reference", "ref_includes_query"])
+def test_mrr_searches_deeper_until_the_first_relevant_item(layout):
+    rng = np.random.default_rng(12)
+    x, y = rng.standard_normal((150, 4)).astype(np.float32), rng.integers(0, 50, 150)
+    q, ql, r, rl, own = layouts(x, y)[layout]
+    ref_x, ref_y = (x, y) if r is None else (r, rl)
+    got = score_details(
+        parse_metrics("mrr,recall_at_k@3"),
+        q,
+        ql,
+        r,
+        rl,
+        ref_includes_query=layout == "ref_includes_query",
+    )
+    want, _ = naive_score(["mrr", "recall_at_3"], q, ql, ref_x, ref_y, normalize=True, own=own)
+    assert got.values == pytest.approx(want, rel=1e-12)
+    rr = got.per_query["mrr"]
+    assert (rr[~np.isnan(rr)] < 1 / 16).sum() >= 3  # first hits beyond the first search depth
+
+
+def test_hierarchical_ndcg_all_vs_all_and_with_classes_across_super_classes():
+    x, y = tied(50, 6, seed=13)
+    sup = np.random.default_rng(13).integers(0, 3, 50)  # not nested: a class spans groups
+    got = score(
+        "hierarchical_ndcg_at_k@4,hierarchical_ndcg_at_k@60",
+        x,
+        y,
+        query_super_labels=sup,
+        normalize=False,
+    )
+    keys = ["hierarchical_ndcg_at_4", "hierarchical_ndcg_at_60"]
+    want, _ = naive_score(keys, x, y, x, y, normalize=False, own=True, qs=sup, rs=sup)
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_metrics_are_hashable_and_equal_by_value():
+    a, b = parse_metrics("recall_at_k@10,recall_at_k@5")
+    assert a == parse_metrics("recall_at_k@10")[0] and a != b
+    assert len({a, b, parse_metrics("recall_at_k@10")[0]}) == 2

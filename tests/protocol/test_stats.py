@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mlrc.protocol.stats import confidence_interval
+from mlrc.protocol.stats import confidence_interval, separated_mean
 
 
 @pytest.mark.parametrize("n", [2, 3, 10, 40])
@@ -44,3 +44,28 @@ def test_constant_values_have_zero_width():
 def test_bad_input_is_a_clear_error(values, level, message):
     with pytest.raises(ValueError, match=message):
         confidence_interval(values, level=level)
+
+
+def test_separated_mean_leaves_out_untrained_folds_as_the_reference_aggregator():
+    """The reference's MeanAggregator adds a fold's TRAINED value only when the fold has a best
+    epoch outside (-1, 0) (its aggregators/base_aggregator.py: ``if len(accuracies) > 0``)."""
+    folds = [
+        {"map_at_r": 0.1, "best_epoch": 0.0},
+        {"map_at_r": 0.3, "best_epoch": 4.0},
+        {"map_at_r": 0.5, "best_epoch": 2.0},
+        {"map_at_r": 0.2, "best_epoch": 0.0},
+    ]
+    epochs = [int(f["best_epoch"]) for f in folds]
+    means, kept = separated_mean(folds, epochs)
+    reference = [f["map_at_r"] for f in folds if f["best_epoch"] not in (-1, 0)]
+    assert kept == [1, 2]
+    assert means["map_at_r"] == pytest.approx(sum(reference) / len(reference))
+    assert means["best_epoch"] == 3.0
+
+
+def test_separated_mean_of_all_untrained_folds_averages_them_all():
+    folds = [{"map_at_r": 0.1}, {"map_at_r": 0.3}]
+    means, kept = separated_mean(folds, [0, 0])
+    assert kept == [0, 1] and means["map_at_r"] == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="2 fold results for 1 best epochs"):
+        separated_mean(folds, [0])

@@ -272,3 +272,52 @@ def test_replay_reads_a_postgresql_store(tmp_path, fresh_database):
     curves = store.curves.search_curves(engine, store.studies.study_named(engine, "pg").id)
     assert doc["full_fold_epochs"] == sum(max(e for e, _ in c.points) for c in curves)
     assert doc["same_choice"] and doc["study"] == "pg"
+
+
+def _synthetic_study() -> rp.RecordedStudy:
+    """Three complete trials of two folds (epochs 1–4, one ended on patience at 3), no
+    training: what the replay hooks are checked on."""
+
+    def fold(j: int, vals: list[float]) -> rp.RecordedFold:
+        pts = ((0, 0.1), *((e + 1, v) for e, v in enumerate(vals)))
+        return rp.RecordedFold(j, "complete", max(vals), pts)
+
+    curves = {
+        0: ([0.2, 0.3, 0.4, 0.5], [0.2, 0.35, 0.45, 0.5]),
+        1: ([0.1, 0.15, 0.12], [0.2, 0.25, 0.3, 0.3]),
+        2: ([0.3, 0.2, 0.25, 0.6], [0.3, 0.4, 0.5, 0.55]),
+    }
+    trials = tuple(
+        rp.RecordedTrial(
+            n, {"x": n}, f"h{n}", "complete", (max(a) + max(b)) / 2, (fold(0, a), fold(1, b))
+        )
+        for n, (a, b) in curves.items()
+    )
+    return rp.RecordedStudy("syn", "contrastive", "glyphs", "cpu", 2, (1, 2, 3, 4), trials)
+
+
+def test_replay_hook_spends_what_a_hand_count_says():
+    """A rule given through ``stop_with`` (stop at epoch 2 wherever the fold has an earlier
+    complete curve) ends trials 1 and 2 at epoch 2 of fold 0: the per-trial fold-epochs, the
+    stops and the curves the hook saw are those counted by hand."""
+    study, seen = _synthetic_study(), []
+
+    class AtTwo:
+        def reason(self, epoch: int, best: float) -> str | None:
+            return "stop" if epoch == 2 else None
+
+    def hook(base, fold, same):
+        seen.append((fold, [list(c) for c in same]))
+        return AtTwo() if same else None
+
+    res = rp.replay(study, Rules(), hook)
+    assert res.decisions == {0: "complete", 1: "pruned", 2: "pruned"}
+    assert res.trial_epochs == {0: 8, 1: 2, 2: 2} and res.fold_epochs == 12
+    assert res.stopped_at == {1: (0, 2), 2: (0, 2)} and res.stopped == 2
+    assert res.full_fold_epochs == 8 + 7 + 8 and res.choice == 0 and res.full_choice == 2
+    t0 = [
+        [(e + 1, v) for e, v in enumerate(a)]
+        for a in ([0.2, 0.3, 0.4, 0.5], [0.2, 0.35, 0.45, 0.5])
+    ]
+    assert seen == [(0, []), (1, []), (0, [t0[0]]), (0, [t0[0]])]
+    assert rp.replay(study, Rules()).trial_epochs == {0: 8, 1: 7, 2: 8}  # no rule: everything

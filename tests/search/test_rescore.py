@@ -26,7 +26,7 @@ from mlrc import data
 from mlrc.cli.gc import human_bytes
 from mlrc.protocol import mlrc_split, retrieval_metrics
 from mlrc.search.embeddings import load_checked, write_npz
-from mlrc.store.schema import EmbeddingFile, Rescored, TestResult
+from mlrc.store.schema import EmbeddingFile, FoldRun, Rescored, TestResult
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
@@ -106,8 +106,12 @@ def test_each_reproduction_stores_its_test_embeddings_with_their_hash(tested):
         assert row.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
         assert row.size == os.stat(path).st_size and row.dtype == "float16"
         with np.load(path, allow_pickle=False) as z:  # numpy alone reads it
-            assert sorted(z.files) == ["labels", "roles", "separated"]  # no super-classes here
+            # no super-classes in glyphs
+            assert sorted(z.files) == ["best_epochs", "labels", "roles", "separated"]
             sep, labels, roles = z["separated"], z["labels"], z["roles"]
+            epochs = z["best_epochs"].tolist()
+        folds = sorted(rows(url, FoldRun, kind="test", reproduction=rep), key=lambda f: f.fold)
+        assert epochs == [f.best_epoch for f in folds]
         assert sep.dtype == np.float16 and sep.shape == (4, len(test_labels), row.dim)
         assert (row.folds, row.n) == (4, len(test_labels))
         assert sorted(labels.tolist()) == sorted(test_labels.tolist())
@@ -210,7 +214,10 @@ def test_rescore_equals_naive_loops_on_the_loaded_arrays(rescored):
     with np.load(path) as z:
         sep, labels = z["separated"].astype(np.float32), z["labels"]
     want = {("separated", k): naive_mrr_recall(sep[k], labels, 2) for k in range(4)}
-    want[("separated", -1)] = tuple(np.mean([want[("separated", k)] for k in range(4)], axis=0))
+    # the separated mean leaves out a fold kept at epoch 0 (the reference's), unless all are
+    epochs = {f.fold: f.best_epoch for f in rows(url, FoldRun, kind="test", reproduction=1)}
+    kept = [k for k in range(4) if epochs[k] != 0] or list(range(4))
+    want[("separated", -1)] = tuple(np.mean([want[("separated", k)] for k in kept], axis=0))
     want[("concatenated", -1)] = naive_mrr_recall(naive_concatenation(sep), labels, 2)
     got = {}
     for r in rows(url, Rescored, reproduction=1):

@@ -34,6 +34,7 @@ def cross_neighbours(
     *,
     normalize: bool,
     own_rows: bool,
+    rows: np.ndarray | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Each query's k nearest reference rows (module docstring), in blocks of queries.
 
@@ -42,7 +43,7 @@ def cross_neighbours(
     the reference are the queries), excluded from its neighbours by index. ``k`` ≥ 1 is capped
     at the reference rows available (n, or n − 1 with ``own_rows``). Yields ``(queries, nbr)``:
     numpy int64 query indices and ``nbr[i, j]``, the (j + 1)-th nearest reference row of query
-    ``queries[i]``; every query once, in order.
+    ``queries[i]``; every query once (or every one of ``rows``, query indices), in order.
     """
     vq = ranked_vectors(query, normalize=normalize)
     vr = ranked_vectors(reference, normalize=normalize)
@@ -53,9 +54,10 @@ def cross_neighbours(
     norm_r = vr.square().sum(1)
     radius = float(norm_r.max().sqrt()) if n else 0.0
     step = max(1, _BLOCK_BYTES // (8 * max(n, 1)))
-    for lo in range(0, m, step):
-        rows = torch.arange(lo, min(m, lo + step), device=vr.device)
-        yield rows.cpu().numpy(), _block(vq, vr, norm_r, radius, rows, k, own_rows)
+    wanted = np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64)
+    for lo in range(0, len(wanted), step):
+        block = torch.from_numpy(wanted[lo : lo + step]).to(vr.device)
+        yield wanted[lo : lo + step], _block(vq, vr, norm_r, radius, block, k, own_rows)
 
 
 def _block(

@@ -6,7 +6,8 @@ Two kinds of metric:
 - ``ranking``: ``fn(ranked: Ranked, **params) -> np.ndarray`` — one value per query of a block
   of queries, read from the relevance of their nearest reference items; ``depth`` says how many
   neighbours it reads: ``"R"`` (each query's R), the name of an integer parameter (``"k"``: its
-  value; None → the whole reference), or a fixed integer;
+  value; None → down to the query's first relevant item, searched ever deeper), or a fixed
+  integer;
 - ``pairs``: ``fn(pairs: PairScores, **params) -> float`` — one value from the similarities of
   every (query, reference) pair (verification).
 
@@ -47,6 +48,8 @@ class MetricInfo(Entry):
     higher_is_better: bool = True
     param_type: ParamType | None = None
 
+
+FIRST_DEPTH = 16  # first search depth of a metric that reads to the first relevant item
 
 METRICS: Registry[Any] = Registry("metric", group="mlrc.metrics", entry=MetricInfo)
 
@@ -92,7 +95,11 @@ class Metric:
 
     @property
     def info(self) -> MetricInfo:
+        """The registry entry of :attr:`name`."""
         return METRICS.info(self.name)
+
+    def __hash__(self) -> int:  # params is a dict: hash what identifies the column
+        return hash((self.name, self.key))
 
 
 @dataclass(frozen=True)
@@ -198,5 +205,12 @@ def depth_of(metric: Metric, R: np.ndarray, available: int) -> np.ndarray:
         need = np.full(len(R), depth, np.int64)
     else:
         value = metric.params.get(depth)
-        need = np.full(len(R), available if value is None else int(value), np.int64)
+        need = np.full(len(R), FIRST_DEPTH if value is None else int(value), np.int64)
     return np.minimum(need, available)
+
+
+def reads_to_first_hit(metric: Metric) -> bool:
+    """The metric reads each query's ranking down to its first relevant item (its depth
+    parameter is None, e.g. ``mrr`` without ``@K``)."""
+    depth = metric.info.depth
+    return isinstance(depth, str) and depth != "R" and metric.params.get(depth) is None

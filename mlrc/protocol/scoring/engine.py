@@ -29,7 +29,14 @@ import torch
 from mlrc.protocol.knn import ArrayLike, exact_neighbours, is_finite, to_tensor
 from mlrc.protocol.knn.cross import cross_neighbours
 from mlrc.protocol.metrics import integer_labels
-from mlrc.protocol.scoring.base import Metric, Ranked, check_needs, depth_of
+from mlrc.protocol.scoring.base import (
+    Metric,
+    Ranked,
+    check_needs,
+    depth_of,
+    parse_metrics,
+    reads_to_first_hit,
+)
 from mlrc.protocol.scoring.pairs import impostor_keep, pair_scores
 
 
@@ -66,7 +73,7 @@ class _Sets:
 
 
 def score(
-    metrics: list[Metric],
+    metrics: list[Metric] | str,
     query: ArrayLike,
     query_labels: ArrayLike,
     reference: ArrayLike | None = None,
@@ -79,7 +86,8 @@ def score(
     device: str | torch.device | None = None,
     avg_of_avgs: bool = False,
 ) -> dict[str, float]:
-    """Metric key → value (a fraction in [0, 1]) of each of ``metrics`` (:func:`parse_metrics`).
+    """Metric key → value (a fraction in [0, 1]) of each of ``metrics`` (:func:`parse_metrics`'s
+    list, or its text).
 
     ``query`` (m × d) with integer ``query_labels`` (m,), ``reference`` (n × d) with
     ``reference_labels`` (n,); conventions in the module docstring. ``avg_of_avgs``: each
@@ -102,7 +110,7 @@ def score(
 
 
 def score_details(
-    metrics: list[Metric],
+    metrics: list[Metric] | str,
     query: ArrayLike,
     query_labels: ArrayLike,
     reference: ArrayLike | None = None,
@@ -115,6 +123,8 @@ def score_details(
     device: str | torch.device | None = None,
 ) -> Scores:
     """:func:`score` with the queries kept and left out, class means and per-query values."""
+    if isinstance(metrics, str):
+        metrics = parse_metrics(metrics)
     if not metrics:
         raise ValueError("score: no metric asked for")
     sets = _prepare(
@@ -264,32 +274,74 @@ def _ranking_values(
     metrics: list[Metric], sets: _Sets, R: np.ndarray, normalize: bool
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """Per-query values (NaN where R = 0) and means of the ranking metrics; the means are summed
-    block by block, as :func:`mlrc.protocol.retrieval_metrics` sums them."""
+    block by block, as :func:`mlrc.protocol.retrieval_metrics` sums them. A metric that reads
+    to the first relevant item (``mrr``) gets the queries without one searched again, deeper."""
     available = sets.reference.shape[0] - int(sets.own)
     depth = np.max([depth_of(m, R, available) for m in metrics], axis=0)
     depth[R == 0] = 0
     per_query = {m.key: np.full(len(R), np.nan) for m in metrics}
     sums = dict.fromkeys(per_query, np.float64(0.0))
+    found = np.zeros(len(R), dtype=bool)  # a relevant item within the searched depth
     supers = _super_counts(sets)
-    for queries, nbr in _neighbour_blocks(sets, depth, normalize):
-        keep = R[queries] > 0
-        ranked = _ranked(sets, R, supers, queries[keep], nbr[keep], depth[queries[keep]])
+    for queries, nbr in _neighbour_blocks(sets, depth, normalize, None):
+        keep = queries[R[queries] > 0]
+        ranked = _ranked(sets, R, supers, keep, nbr[R[queries] > 0], depth[keep])
+        found[keep] = ranked.rel.any(1)
         for m in metrics:
             v = np.asarray(m.info.factory(ranked, **m.params), dtype=np.float64)
-            per_query[m.key][queries[keep]] = v
+            per_query[m.key][keep] = v
             sums[m.key] += v.sum()
     n = int((R > 0).sum())
-    return per_query, {k: float(s / n) for k, s in sums.items()}
+    means = {k: float(s / n) for k, s in sums.items()}
+    deeper = [m for m in metrics if reads_to_first_hit(m)]
+    if deeper:
+        _search_deeper(deeper, sets, R, supers, depth, found, per_query, normalize)
+        means |= {m.key: float(np.nansum(per_query[m.key]) / n) for m in deeper}
+    return per_query, means
+
+
+def _search_deeper(
+    metrics: list[Metric],
+    sets: _Sets,
+    R: np.ndarray,
+    supers: tuple[np.ndarray, np.ndarray] | None,
+    depth: np.ndarray,
+    found: np.ndarray,
+    per_query: dict[str, np.ndarray],
+    normalize: bool,
+) -> None:
+    """Search the queries without a relevant item in their top ``depth`` 4× deeper, until each
+    has one (R ≥ 1 guarantees it within the reference), and rescore ``metrics`` for them."""
+    available = sets.reference.shape[0] - int(sets.own)
+    searched = depth.copy()
+    while True:
+        pending = (R > 0) & ~found & (searched < available)
+        if not pending.any():
+            return
+        deeper = np.where(pending, np.minimum(4 * np.maximum(searched, 1), available), 0)
+        for queries, nbr in _neighbour_blocks(sets, deeper, normalize, np.flatnonzero(pending)):
+            keep = queries[pending[queries]]
+            ranked = _ranked(sets, R, supers, keep, nbr[pending[queries]], deeper[keep])
+            found[keep] = ranked.rel.any(1)
+            for m in metrics:
+                per_query[m.key][keep] = m.info.factory(ranked, **m.params)
+        searched = np.where(pending, deeper, searched)
 
 
 def _neighbour_blocks(
-    sets: _Sets, depth: np.ndarray, normalize: bool
+    sets: _Sets, depth: np.ndarray, normalize: bool, rows: np.ndarray | None
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(queries, nbr) blocks: the all-vs-all search or the query → reference one."""
+    """(queries, nbr) blocks: the all-vs-all search or the query → reference one (``rows``:
+    only those queries; the all-vs-all search skips queries of depth 0 itself)."""
     if sets.all_vs_all:
         return exact_neighbours(sets.query, depth, normalize=normalize)
     return cross_neighbours(
-        sets.query, sets.reference, int(depth.max()), normalize=normalize, own_rows=sets.own
+        sets.query,
+        sets.reference,
+        int(depth.max()),
+        normalize=normalize,
+        own_rows=sets.own,
+        rows=rows,
     )
 
 
