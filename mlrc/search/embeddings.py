@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +101,10 @@ def write_npz(
     if best_epochs is not None:
         arrays["best_epochs"] = np.asarray(best_epochs, dtype=np.int64)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # a fresh name beside it, created with the umask's permissions (as the checkpoints are)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "xb") as f:
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())

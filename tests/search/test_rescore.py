@@ -87,6 +87,12 @@ def tested(tmp_path_factory):
     return url, art
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def stored_files(url: str, art: Path) -> dict[int, tuple[Path, EmbeddingFile]]:
     return {f.reproduction: (art / "e" / f.path, f) for f in rows(url, EmbeddingFile)}
 
@@ -116,7 +122,8 @@ def test_each_reproduction_stores_its_test_embeddings_with_their_hash(tested):
         assert (row.folds, row.n) == (4, len(test_labels))
         assert sorted(labels.tolist()) == sorted(test_labels.tolist())
         assert set(roles.tolist()) == {"all"}
-        assert not list(path.parent.glob("*.tmp"))  # written atomically: no temporary left
+        assert not list(path.parent.glob(".*tmp"))  # written atomically: no temporary left
+        assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()  # as any file mlrc writes
 
 
 def test_the_stored_embeddings_are_those_the_test_stage_scored(tested):
@@ -318,3 +325,41 @@ def test_a_bad_embeddings_dtype_is_one_line(tmp_path):
             "--artifacts", tmp_path, code=2)  # fmt: skip
     line = r.output.strip()
     assert len(line.splitlines()) == 1 and "artifacts.embeddings" in line and "float8" in line
+
+
+def naive_query_gallery(emb: np.ndarray, labels: np.ndarray, roles: np.ndarray, k: int):
+    """MRR and Recall@k of each query against the gallery alone (unit float64 rows, ties to the
+    lower gallery index); a query without a same-class gallery item is left out."""
+    e = unit(emb)
+    gallery = np.flatnonzero(roles == "gallery")
+    rr, hit = [], []
+    for q in np.flatnonzero(roles == "query"):
+        d = ((e[gallery] - e[q]) ** 2).sum(axis=1)
+        same = [labels[gallery[i]] == labels[q] for i in np.argsort(d, kind="stable")]
+        if not any(same):
+            continue
+        rr.append(1.0 / (same.index(True) + 1))
+        hit.append(float(any(same[:k])))
+    return float(np.mean(rr)), float(np.mean(hit))
+
+
+def test_query_gallery_roles_rank_the_gallery_and_an_untrained_fold_leaves_the_mean():
+    from mlrc.protocol.scoring import parse_metrics
+    from mlrc.search.rescore import protocol_of, score_arrays
+
+    rng = np.random.default_rng(3)
+    sep = rng.normal(size=(2, 90, 8)).astype(np.float16)
+    labels = rng.integers(0, 9, 90)
+    roles = np.array(["query"] * 30 + ["gallery"] * 60)
+    arrays = {"separated": sep, "labels": labels, "roles": roles, "best_epochs": np.array([0, 4])}
+    assert protocol_of(roles) == "query→gallery"
+    got = {(m, f): v for m, f, v in score_arrays(parse_metrics("mrr,recall_at_k@2"), arrays)}
+    sep32 = sep.astype(np.float32)
+    for k in range(2):
+        mrr, recall = naive_query_gallery(sep32[k], labels, roles, 2)
+        assert math.isclose(got[("separated", k)]["mrr"], mrr, abs_tol=1e-9)
+        assert math.isclose(got[("separated", k)]["recall_at_2"], recall, abs_tol=1e-9)
+    assert got[("separated", -1)] == got[("separated", 1)]  # fold 0 kept epoch 0: left out
+    mrr, recall = naive_query_gallery(naive_concatenation(sep32), labels, roles, 2)
+    assert math.isclose(got[("concatenated", -1)]["mrr"], mrr, abs_tol=1e-9)
+    assert math.isclose(got[("concatenated", -1)]["recall_at_2"], recall, abs_tol=1e-9)
