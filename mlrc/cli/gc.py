@@ -34,7 +34,8 @@ def gc(
 ) -> None:
     """Free disk: the artifacts of archived studies (NAME.old-K) and the checkpoints of finished
     folds that each study's retention (artifacts.keep, as last run; default resume) no longer
-    needs. Running folds and other stores' folders are never touched."""
+    needs. Running folds and other stores' folders are never touched. Stored test embeddings
+    (read by `mlrc study rescore`) stay under every policy; their size is shown."""
     from mlrc import store
     from mlrc.config import KEEP_POLICIES
     from mlrc.search.retention import gc as collect
@@ -48,14 +49,20 @@ def gc(
         done = collect(engine, Path(artifacts), study or None, keep, dry_run)
     verb = "would free" if dry_run else "freed"
     table = Table(title=f"mlrc gc{' --dry-run' if dry_run else ''}: {artifacts}")
-    for col in ("study", "policy", "files", verb):
-        table.add_column(col, justify="right" if col in ("files", verb) else "left")
+    for col in ("study", "policy", "files", verb, "embeddings kept"):
+        table.add_column(col, justify="left" if col in ("study", "policy") else "right")
     for d in done:
-        table.add_row(d.study, d.policy, str(len(d.freed)), human_bytes(d.size))
+        kept = human_bytes(d.embeddings_size)
+        table.add_row(d.study, d.policy, str(len(d.freed)), human_bytes(d.size), kept)
     console.print(table)
     total = sum(d.size for d in done)
     files = sum(len(d.freed) for d in done)
     console.print(f"{verb} {human_bytes(total)} in {files} files", highlight=False)
+    kept = sum(d.embeddings_size for d in done)
+    n_kept = sum(len(d.embeddings) for d in done)
+    console.print(
+        f"kept {human_bytes(kept)} of stored test embeddings in {n_kept} files", highlight=False
+    )
 
 
 def human_bytes(n: int) -> str:

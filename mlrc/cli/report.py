@@ -10,7 +10,7 @@ import typer
 from mlrc.cli.options import DEFAULT_STORAGE, StorageOpt
 from mlrc.cli.terminal import check_out, fail, print_report, user_errors
 
-__all__ = ["report"]
+__all__ = ["metric_keys", "report"]
 
 
 def report(
@@ -37,6 +37,14 @@ def report(
             "test results (always marked archived)",
         ),
     ] = False,
+    metrics: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics",
+            help="also these metrics, comma-separated (ndcg_at_k@10,mrr,…), as `mlrc study "
+            "rescore` computed them from the stored test embeddings (marked *)",
+        ),
+    ] = None,
 ) -> None:
     """Test results with 95% CIs: separated (128-D) and concatenated (512-D), in percent.
 
@@ -47,7 +55,11 @@ def report(
 
     With neither --campaign nor --study: every study in the store, by name. A study archived by
     `study run --force-new` (NAME.old-K) is marked archived, and left out once the current
-    study NAME has test results unless --archived (or --study names it)."""
+    study NAME has test results unless --archived (or --study names it).
+
+    --metrics: columns computed after the fact from the stored test embeddings (marked *),
+    read from the store as `mlrc study rescore STUDY --metrics …` wrote them; a study without
+    them says, in the notes, what to run."""
     from mlrc import store
     from mlrc.report.tables import FORMATS
 
@@ -57,6 +69,24 @@ def report(
         fail("--standalone applies to --format latex (html is always a complete page)")
     if out is not None:
         check_out(out)
+    asked = metric_keys(metrics) if metrics is not None else None
     with user_errors():
         engine = store.connect(storage, read_only=True)
-        print_report(engine, study, fmt, out, campaign, standalone, archived)
+        print_report(engine, study, fmt, out, campaign, standalone, archived, asked)
+
+
+def metric_keys(text: str) -> dict[str, str]:
+    """``--metrics``: each metric's column key → the text that asked for it (a one-line exit
+    for an unknown metric or a bad parameter, with "did you mean")."""
+    from mlrc.protocol.scoring import parse_metrics
+
+    out = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            fail(f"--metrics {text!r}: an empty metric name (names are comma-separated)")
+        try:
+            (metric,) = parse_metrics(part)
+        except ValueError as e:  # "metrics: unknown metric …"
+            fail(f"--{e}")
+        out[metric.key] = part
+    return out

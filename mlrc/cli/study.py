@@ -52,6 +52,7 @@ __all__ = [
     "study_app",
     "study_export",
     "study_export_model",
+    "study_rescore",
     "study_run",
     "study_status",
     "study_test",
@@ -374,3 +375,51 @@ def study_export(
     text = head + yaml.safe_dump(doc, sort_keys=False)
     write_out(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     console.print(f"wrote {out} (study {doc['name']})", soft_wrap=True, highlight=False)
+
+
+MetricsOpt = Annotated[
+    str,
+    typer.Option(
+        "--metrics",
+        help="metrics to compute, comma-separated (map_at_r,mrr,ndcg_at_k@10,recall_at_k@10,…; "
+        "`mlrc plugins` lists them)",
+    ),
+]
+
+
+@study_app.command("rescore")
+def study_rescore(
+    study: Annotated[str, typer.Argument(help="study YAML or study name")],
+    metrics: MetricsOpt,
+    storage: StorageOpt = DEFAULT_STORAGE,
+    artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Compute metrics from the stored test embeddings of every tested reproduction, without
+    training, and store them (marked as computed after the fact; `mlrc report --metrics`
+    shows them). A file whose hash differs from the store's is refused."""
+    from mlrc import store
+    from mlrc.config import load_study
+    from mlrc.protocol.scoring import parse_metrics
+    from mlrc.search.rescore import rescore_study, summary_lines
+
+    check_device(device)
+    try:
+        chosen = parse_metrics(metrics)
+    except ValueError as e:  # "metrics: unknown metric …"
+        fail(f"--{e}")
+    with user_errors():
+        name = load_study(study).study.name if study.endswith((".yaml", ".yml")) else study
+        engine = store.connect(storage, read_only=True)  # an existing store (never created)
+        done = rescore_study(engine, name, Path(artifacts), chosen, device)
+    head = f"study {name} ({done.protocol}), computed after the fact from stored embeddings:"
+    console.print(head, soft_wrap=True, highlight=False)
+    for line in summary_lines(done):
+        console.print(line, soft_wrap=True, highlight=False)
+    if done.without_file:
+        reps = ", ".join(map(str, done.without_file))
+        console.print(
+            f"reproductions {reps}: tested before embeddings were stored, not re-scored",
+            soft_wrap=True,
+            highlight=False,
+        )

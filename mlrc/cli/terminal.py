@@ -328,13 +328,15 @@ def print_report(
     campaigns: list[str] | None = None,
     standalone: bool = False,
     archived: bool = False,
+    metrics: dict[str, str] | None = None,
 ) -> None:
     """The report of ``studies`` and ``campaigns`` (``archived``: with archived studies) on
-    stdout, or written to ``out`` (its folder created)."""
+    stdout, or written to ``out`` (its folder created); ``metrics``: also these, as ``mlrc
+    study rescore`` stored them (column key → how ``--metrics`` asks for it)."""
     from mlrc.report.tables import ReportError, collect, render, summarize
 
     try:
-        values = collect(engine, studies, campaigns, archived=archived)
+        values = collect(engine, studies, campaigns, archived=archived, metrics=metrics)
         text = render(summarize(values), fmt, standalone=standalone)
     except ReportError as e:
         fail(str(e))

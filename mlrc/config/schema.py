@@ -443,9 +443,12 @@ class ArtifactsSpec(Strict):
     stored. ``resume`` (default): none — a fold holds ``last.pt`` while it runs; ``best``: the
     ``best.pt`` of the test reproductions and of the best trial's folds; ``all``: every
     ``best.pt`` and ``last.pt``. Not part of the study's identity (the numbers do not depend
-    on it)."""
+    on it). ``embeddings``: the dtype of each test reproduction's stored test embeddings
+    (``<study>/p-<key>/embeddings/test-rep<N>.npz``, read by ``mlrc study rescore``): ``float16``
+    (default, half the disk) or ``float32`` (bit for bit what was scored)."""
 
     keep: Literal["resume", "best", "all"] | None = None
+    embeddings: Literal["float16", "float32"] = "float16"
 
 
 class TrackingSpec(Strict):

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pandas as pd
 
 from mlrc.report.latex import latex_document, latex_table
-from mlrc.report.layout import Block, Cell, legend, metric_label, table_blocks
+from mlrc.report.layout import Block, Cell, legend, table_blocks
 from mlrc.report.legend import DAGGER
 from mlrc.report.stability import stability_csv, stability_json, stability_md
-from mlrc.report.summary import TIDY_COLUMNS
+from mlrc.report.summary import tidy_columns
 from mlrc.report.table_html import html_page
 from mlrc.report.values import ReportError
 
@@ -45,12 +45,12 @@ def render(summary: pd.DataFrame, fmt: str, *, standalone: bool = False) -> str:
 
 
 def csv_table(summary: pd.DataFrame) -> str:
-    """The summary's :data:`~mlrc.report.summary.TIDY_COLUMNS` as CSV (missing ones empty)."""
-    table = summary.copy()
-    for c in TIDY_COLUMNS:
+    """The summary's :func:`~mlrc.report.summary.tidy_columns` as CSV (missing ones empty)."""
+    table, columns = summary.copy(), tidy_columns(summary)
+    for c in columns:
         if c not in table.columns:
             table[c] = pd.NA
-    return table.to_csv(index=False, columns=TIDY_COLUMNS, float_format="%.10g")
+    return table.to_csv(index=False, columns=columns, float_format="%.10g")
 
 
 def json_report(summary: pd.DataFrame) -> str:
@@ -60,11 +60,11 @@ def json_report(summary: pd.DataFrame) -> str:
     and notes)."""
     import json
 
-    table = summary.copy()
-    for c in TIDY_COLUMNS:
+    table, columns = summary.copy(), tidy_columns(summary)
+    for c in columns:
         if c not in table.columns:
             table[c] = pd.NA
-    lines = json.loads(table[TIDY_COLUMNS].to_json(orient="records", double_precision=15))
+    lines = json.loads(table[columns].to_json(orient="records", double_precision=15))
     blocks = [
         {
             "dataset": b.dataset,
@@ -121,9 +121,9 @@ def _md_header(b: Block) -> list[str]:
     """A block's column names: ``Sep. MAP@R``, …; a traditional block's one model: ``R@1``, …,
     ``MAP@R``, ``Epoch``."""
     if b.traditional:
-        return ["Loss", "n"] + [metric_label(m) for _, m in b.columns]
+        return ["Loss", "n"] + [b.label(m) for _, m in b.columns]
     return ["Loss", "n"] + [
-        f"{'Sep.' if mode == 'separated' else 'Concat.'} {metric_label(m)}" for mode, m in b.columns
+        f"{'Sep.' if mode == 'separated' else 'Concat.'} {b.label(m)}" for mode, m in b.columns
     ]
 
 

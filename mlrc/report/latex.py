@@ -14,7 +14,6 @@ from mlrc.report.layout import (
     Block,
     Cell,
     legend,
-    metric_label,
     table_blocks,
 )
 from mlrc.report.legend import DAGGER, DDAGGER, SECTION, TRADITIONAL_TITLE, WARM
@@ -54,7 +53,7 @@ def _cell(c: Cell | None) -> str:
 
 def _traditional_header(b: Block) -> list[str]:
     """The column names of a traditional block's one model (R@1, …, MAP@R, Epoch)."""
-    names = " & ".join(metric_label(m) for _, m in b.columns)
+    names = " & ".join(latex_escape(b.label(m)) for _, m in b.columns)
     return [rf" & & {names} \\", rf"\cmidrule(lr){{3-{2 + len(b.columns)}}}"]
 
 
@@ -78,7 +77,7 @@ def latex_table(summary: pd.DataFrame, standalone: bool = False) -> str:
         if b.diff:  # the fields are in the legend: a long list would widen the table
             title += rf" --- protocol {latex_escape(b.protocol)}"
         lines += [r"\midrule", rf"\multicolumn{{{width + 2}}}{{l}}{{{title}}} \\"]
-        if b.traditional:
+        if b.traditional or b.after:  # its own columns (with metrics computed after the fact)
             lines += _traditional_header(b)
         for r in b.rows:
             label = latex_text(r.label)

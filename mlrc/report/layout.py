@@ -20,6 +20,7 @@ from mlrc.report.legend import (
     NONFINITE_NOTE,
     PROTOCOL_NOTE,
     PRUNED_NOTE,
+    RESCORED_NOTE,
     SECTION,
     TRADITIONAL_NOTE,
     TRADITIONAL_TITLE,
@@ -27,6 +28,7 @@ from mlrc.report.legend import (
     WARM,
     WARM_NOTE,
 )
+from mlrc.report.rescored import rescored_label
 from mlrc.report.summary import with_defaults
 from mlrc.report.values import MODES, TRADITIONAL_MODE, UNMARKED_METRICS, traditional_metrics
 from mlrc.store import METRIC_COLUMNS
@@ -44,6 +46,7 @@ __all__ = [
     "legend",
     "metric_label",
     "notes",
+    "rescore_notes",
     "row_label",
     "table_blocks",
 ]
@@ -129,6 +132,12 @@ class Block:
     # (row label, what computed its folds, what differs between them) of rows that recorded it
     compute: list[tuple[str, str, str]] = field(default_factory=list)
     warm: list[tuple[str, str]] = field(default_factory=list)  # (row label, its warm start)
+    after: list[str] = field(default_factory=list)  # metrics computed after the fact (rescore)
+    rescore: list[tuple[str, str]] = field(default_factory=list)  # (row label, why it lacks them)
+
+    def label(self, metric: str) -> str:
+        """A column's name (:func:`metric_label`), marked when computed after the fact."""
+        return rescored_label(metric) if metric in self.after else metric_label(metric)
 
     @property
     def name(self) -> str:
@@ -155,6 +164,7 @@ class _BlockNotes:
     untrained: list[str] = field(default_factory=list)
     compute: list[tuple[str, str, str]] = field(default_factory=list)
     warm: list[tuple[str, str]] = field(default_factory=list)  # (row label, its warm start)
+    rescore: list[tuple[str, str]] = field(default_factory=list)  # (row label, rescore note)
 
 
 def _study_row(
@@ -178,6 +188,8 @@ def _study_row(
         acc.compute.append((label, first["fold_compute"], first["mixed_compute"]))
     if first["warm_start"]:
         acc.warm.append((label, first["warm_start"]))
+    if first["rescore_note"]:
+        acc.rescore.append((label, first["rescore_note"]))
     if first["pruner"] != "none":
         label = f"{label} {DDAGGER}"
     if first["warm_start"]:
@@ -207,7 +219,8 @@ def _block(dataset: str, protocol: str, d: pd.DataFrame) -> Block:
     """The block of the summary lines ``d`` of one (dataset, protocol)."""
     studies = d[~d["baseline"]]
     traditional = bool(studies["test_set_selection"].any())
-    columns = block_columns(dataset, traditional)
+    after = list(dict.fromkeys(studies.loc[studies["after_the_fact"], "metric"]))
+    columns = _with_after(block_columns(dataset, traditional), after, traditional)
     current = studies[~studies["archived"]]  # archived rows are shown, never compared
     # a column's marks need at least two rows with a value in it; the epoch is never marked
     compared = {
@@ -254,7 +267,19 @@ def _block(dataset: str, protocol: str, d: pd.DataFrame) -> Block:
         untrained=acc.untrained,
         compute=acc.compute,
         warm=acc.warm,
+        after=after,
+        rescore=acc.rescore,
     )
+
+
+def _with_after(
+    columns: list[tuple[str, str]], after: list[str], traditional: bool
+) -> list[tuple[str, str]]:
+    """A block's ``columns`` with the metrics computed after the fact: after each mode's own
+    (a traditional block: after its one model's)."""
+    if traditional:
+        return columns + [(TRADITIONAL_MODE, m) for m in after]
+    return [(mode, m) for mode in MODES for m in [*METRIC_COLUMNS, *after]]
 
 
 def table_blocks(summary: pd.DataFrame) -> list[Block]:
@@ -327,12 +352,19 @@ def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
             out.append(f"{label} ({b.name}): {UNTRAINED_NOTE}.")
     if any(r.archived for b in blocks for r in b.rows):
         out.append(ARCHIVED_NOTE)
+    out += rescore_notes(blocks)
     failures = dict(zip(summary["study"], summary["failures"], strict=True))
     for b in blocks:
         for r in b.rows:  # failed trials and test folds, with the reason each failed with
             if not r.baseline and failures.get(r.study):
                 out.append(f"{r.label} ({b.name}): {failures[r.study]}.")
     return out
+
+
+def rescore_notes(blocks: list[Block]) -> list[str]:
+    """The mark of metrics computed after the fact, and why a row lacks those asked for."""
+    out = [RESCORED_NOTE] if any(b.after or b.rescore for b in blocks) else []
+    return out + [f"{label} ({b.name}): {note}." for b in blocks for label, note in b.rescore]
 
 
 def compute_notes(blocks: list[Block]) -> list[str]:

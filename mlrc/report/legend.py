@@ -16,6 +16,7 @@ __all__ = [
     "NONFINITE_NOTE",
     "PROTOCOL_NOTE",
     "PRUNED_NOTE",
+    "RESCORED_NOTE",
     "pruning_label",
     "risk_text",
     "SECTION",
@@ -134,4 +135,10 @@ UNTRAINED_NOTE = (
     "every test fold kept epoch 0, the untrained model (validation never improved on it): "
     "these are untrained numbers — the budget (preset.max_epochs, iterations_per_epoch) is too "
     "short to train"
+)
+RESCORED_NOTE = (
+    "*: computed after the fact from stored embeddings (`mlrc study rescore`), not by the test "
+    "stage that trained the models: the same intervals and marks, over the reproductions that "
+    "stored their test embeddings (query→gallery where the test items have roles, else all vs "
+    "all)."
 )

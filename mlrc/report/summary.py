@@ -16,7 +16,15 @@ from scipy import stats
 from mlrc.protocol import confidence_interval
 from mlrc.report.values import META_COLUMNS, UNMARKED_METRICS
 
-__all__ = ["ALPHA", "SAMPLES", "TIDY_COLUMNS", "summarize", "welch_p", "with_defaults"]
+__all__ = [
+    "ALPHA",
+    "SAMPLES",
+    "TIDY_COLUMNS",
+    "summarize",
+    "tidy_columns",
+    "welch_p",
+    "with_defaults",
+]
 
 ALPHA = 0.05
 TIDY_COLUMNS = [
@@ -48,6 +56,17 @@ TIDY_COLUMNS = [
     "warm_start",  # the study's warm start ("study X top 5 (trials 3, 7)"), "" for none
     "pruning_risk",  # a pruned study's rules' risk measured by replay on the corpus, or ""
 ]
+# after the tidy columns when a line has it: computed after the fact from stored embeddings
+AFTER_COLUMN = "after_the_fact"
+
+
+def tidy_columns(summary: pd.DataFrame) -> list[str]:
+    """:data:`TIDY_COLUMNS`, and :data:`AFTER_COLUMN` when a line was re-scored (``mlrc report
+    --metrics``)."""
+    after = AFTER_COLUMN in summary.columns and bool(summary[AFTER_COLUMN].any())
+    return TIDY_COLUMNS + ([AFTER_COLUMN] if after else [])
+
+
 # the line's values by reproduction (a tuple, in %): for mlrc.report.stability, never exported
 SAMPLES = "reproduction_values"
 _KEYS = ["study", "dataset", "protocol", "loss", "strategy", "pruner", "mode", "metric"]
@@ -85,11 +104,13 @@ def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
         "untrained_test": False,
         "pruning_risk": "",
         "warm_start": "",
+        "after_the_fact": False,
+        "rescore_note": "",
     }
     for c, v in defaults.items():
         if c not in values.columns:
             values[c] = v
-    for c in ("baseline", "test_set_selection", "archived", "untrained_test"):
+    for c in ("baseline", "test_set_selection", "archived", "untrained_test", "after_the_fact"):
         values[c] = values[c].astype(bool)
     return values
 
@@ -136,7 +157,7 @@ def _intervals(values: pd.DataFrame, level: float) -> tuple[pd.DataFrame, list[n
     columns = [c for c in TIDY_COLUMNS if c in _KEYS or c in ("mean", "half_width", "n")]
     columns += ["low", "high"] + [c for c in META_COLUMNS if c not in columns] + [SAMPLES]
     summary = pd.DataFrame(out, columns=columns)
-    for c in ("baseline", "test_set_selection", "archived", "untrained_test"):
+    for c in ("baseline", "test_set_selection", "archived", "untrained_test", "after_the_fact"):
         summary[c] = summary[c].astype(bool)
     for c in ("trials_budget", "complete_trials", "nonfinite_trials", "failed_trials"):
         summary[c] = summary[c].astype("Int64")

@@ -8,7 +8,6 @@ import html
 import pandas as pd
 
 from mlrc.report.layout import (
-    METRIC_LABELS,
     MODE_LABELS,
     Block,
     Cell,
@@ -20,7 +19,6 @@ from mlrc.report.layout import (
 from mlrc.report.legend import DAGGER
 from mlrc.report.stability import stability_html
 from mlrc.report.values import MODES
-from mlrc.store import METRIC_COLUMNS
 
 __all__ = ["html_page"]
 
@@ -64,8 +62,9 @@ def _head(b: Block) -> list[str]:
         groups = f'<th colspan="{len(b.columns)}">one model (512-D), epoch chosen on test</th>'
         names = "".join(f"<th>{esc(metric_label(m))}</th>" for _, m in b.columns)
     else:
-        groups = "".join(f'<th colspan="3">{esc(MODE_LABELS[m])}</th>' for m in MODES)
-        names = "".join(f"<th>{esc(METRIC_LABELS[m])}</th>" for _ in MODES for m in METRIC_COLUMNS)
+        width = len(b.columns) // len(MODES)  # each mode's metrics (after the fact too)
+        groups = "".join(f'<th colspan="{width}">{esc(MODE_LABELS[m])}</th>' for m in MODES)
+        names = "".join(f"<th>{esc(b.label(m))}</th>" for _, m in b.columns)
     return [
         '<tr><th rowspan="2" class="label">Loss</th><th rowspan="2">n</th>' + groups + "</tr>",
         "<tr>" + names + "</tr>",

@@ -14,6 +14,7 @@ import pandas as pd
 
 from mlrc.config.presets import is_traditional
 from mlrc.report.legend import pruning_label, risk_text
+from mlrc.report.rescored import add_rescored
 from mlrc.report.scopes import (
     comparison_key,
     comparison_scope,
@@ -66,6 +67,8 @@ META_COLUMNS = [
     "failures",  # "trial 0 failed: reason; reproduction 2, fold 0 failed: reason", or ""
     "pruning_risk",  # the pruning rules' risk measured by replay on the corpus, or ""
     "warm_start",  # "study X top 5 (trials 3, 7)": its search started from another's best, or ""
+    "after_the_fact",  # the line's metric was computed after the fact from stored embeddings
+    "rescore_note",  # why a study lacks the --metrics asked for (mlrc.report.rescored), or ""
 ]
 TRADITIONAL_MODE = "concatenated"  # a traditional study's one model (its aggregate row)
 EPOCH = "best_epoch"  # the epoch chosen on the test classes, in epochs (not a percentage)
@@ -357,6 +360,8 @@ def _values_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for r in rows:
         del r["_order"], r["_metric"]
     values = pd.DataFrame(rows, columns=VALUE_COLUMNS)
+    values["after_the_fact"] = values["after_the_fact"].eq(True)  # set by add_rescored only
+    values["rescore_note"] = values["rescore_note"].where(values["rescore_note"].notna(), "")
     for c in ("trials_budget", "complete_trials", "nonfinite_trials", "failed_trials"):
         values[c] = values[c].astype("Int64")
     for c in ("baseline", "test_set_selection", "archived", "untrained_test"):
@@ -464,6 +469,7 @@ def collect(
     campaigns: list[str] | None = None,
     *,
     archived: bool = False,
+    metrics: dict[str, str] | None = None,
 ) -> pd.DataFrame:
     """One row per (study, reproduction, mode, metric) with the value in percent, in table
     order (see :func:`select_studies`), with the study's protocol (:func:`comparison_key`) and
@@ -472,7 +478,8 @@ def collect(
     its kind, reproduction 0). Studies without test results are left out. A traditional study
     (``test_set_selection`` True) has one mode, ``concatenated``, with the lines of
     :func:`traditional_metrics` (``best_epoch`` in epochs, the others in %). ``archived``:
-    keep the archived studies :func:`select_studies` leaves out by default."""
+    keep the archived studies :func:`select_studies` leaves out by default. ``metrics``: also
+    these, as ``mlrc study rescore`` stored them (:func:`mlrc.report.rescored.add_rescored`)."""
     names = select_studies(engine, studies, campaigns, archived)
     rank = {n: i for i, n in enumerate(names)}
     data = reads.table_inputs(engine, names)
@@ -486,6 +493,7 @@ def collect(
     for study_id, m in meta.items():  # failed trials and test folds, with their reasons
         m.update(failure_columns(data.failures.get(study_id, [])))
     rows = _study_rows(data.results, group_of, rank, meta)
+    rows = add_rescored(engine, data.results, rows, metrics) if metrics else rows
     for g in groups:
         rows += _baseline_rows(g, data.baseline_links, data.baselines)
     return _values_frame(rows)

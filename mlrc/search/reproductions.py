@@ -31,7 +31,13 @@ from mlrc.protocol.analysis import analysis_metrics, metrix_utilization, recall_
 from mlrc.protocol.retrieval import retrieval_view
 from mlrc.protocol.stats import separated_mean
 from mlrc.search import retention
-from mlrc.search.baseline import ensure_baseline, view_of_test_classes
+from mlrc.search.baseline import (
+    ensure_baseline,
+    test_roles,
+    test_super_labels,
+    view_of_test_classes,
+)
+from mlrc.search.embeddings import file_fields
 from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending, interrupt_behind
 from mlrc.search.folds import FoldJob, run_fold
 from mlrc.search.session import StudySession
@@ -192,10 +198,34 @@ def _train_and_test(
     # best_epoch: the epoch each fold model was taken at (traditional: chosen on the test set)
     rows.append(("concatenated", -1, {**m, "best_epoch": float(np.mean(epochs))}))
     view = _retrieval_view(ctx, joined, test_view, rep)
-    results.record_reproduction(ctx.engine, ctx.study_id, rep, params, rows, view)
+    stored = _store_embeddings(ctx, params, rep, embeddings, test_view, epochs)
+    results.record_reproduction(ctx.engine, ctx.study_id, rep, params, rows, view, stored)
     retention.collect(ctx)  # its folds' checkpoints are read no more (kept under keep: best)
     ctx.tracker.reproduction_finished(rep, params, rows)
     return None
+
+
+def _store_embeddings(
+    ctx: StudySession,
+    params: dict[str, Any],
+    rep: int,
+    separated: list[np.ndarray],
+    view: View,
+    best_epochs: list[float],
+) -> dict[str, Any]:
+    """Write reproduction ``rep``'s test embeddings (each fold model's raw rows, the items of
+    ``view``; each fold model's best epoch) to its ``.npz`` (:mod:`mlrc.search.embeddings`) and
+    return its store fields."""
+    arrays = {
+        "separated": separated,
+        "labels": ctx.dataset.labels[view.indices],  # the dataset's class labels
+        "roles": test_roles(ctx, view),
+        "super_labels": test_super_labels(ctx, view),
+        "best_epochs": np.asarray(best_epochs, dtype=np.int64),
+        "dtype": ctx.resolved.study.artifacts.embeddings,
+    }
+    root, hashed = ctx.artifact_root, params_hash(params)
+    return file_fields(ctx.artifacts, root, rep, hashed, arrays)
 
 
 def _separated_row(rep: int, fold_rows: list[dict[str, float]]) -> dict[str, float]:

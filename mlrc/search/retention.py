@@ -7,13 +7,18 @@ it runs; ``best`` keeps the ``best.pt`` of the test reproductions and of the bes
 A file goes only after the store commit that makes it unnecessary (the fold's result, the
 reproduction's test rows, the trial that is now better), and a fold row forgets its checkpoint
 before the file is deleted — a kill in between leaves a file for ``mlrc gc``, never a row
-pointing at nothing that is still needed. Running folds are never touched."""
+pointing at nothing that is still needed. Running folds are never touched.
+
+The stored test embeddings (``embeddings/test-rep<N>.npz``, :mod:`mlrc.search.embeddings`) are
+results, not checkpoints: every policy keeps them while the study lives (``mlrc study rescore``
+reads them), and ``mlrc gc`` counts their bytes as kept; an archived study's go with its
+folder, counted as freed."""
 
 from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,13 +26,14 @@ from mlrc import store
 from mlrc.search.artifacts import (
     Freed,
     artifact_root,
+    file_size,
     files_beyond,
     fold_folder,
     remove_files,
     remove_tree,
     study_folder,
 )
-from mlrc.store import history, results, studies, trials
+from mlrc.store import embeddings, history, results, studies, trials
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -142,11 +148,24 @@ class StudyGc:
     study: str
     policy: str  # resume | best | all | archived
     freed: list[Freed]
+    # its stored test embeddings, kept under every policy (their sizes on disk now)
+    embeddings: list[Freed] = field(default_factory=list)
 
     @property
     def size(self) -> int:
         """Bytes freed."""
         return sum(f.size for f in self.freed)
+
+    @property
+    def embeddings_size(self) -> int:
+        """Bytes of stored test embeddings kept."""
+        return sum(f.size for f in self.embeddings)
+
+
+def stored_embeddings(engine: Engine, study_id: int, folder: Path) -> list[Freed]:
+    """The study's stored test-embedding files that exist under its ``folder``, with sizes."""
+    paths = [folder / f.path for f in embeddings.embedding_files(engine, study_id)]
+    return [Freed(p, file_size(p)) for p in paths if p.is_file()]
 
 
 def gc(
@@ -161,7 +180,8 @@ def gc(
     files that each study's policy (the last ``artifacts.keep`` in its history, else
     ``resume``; ``keep`` overrides it) does not keep. Only the folders of the studies' own
     configurations are touched: other folders under a study's (another store's study of the
-    same name, say) are left alone. ``names``: these studies only (unknown: StoreError)."""
+    same name, say) are left alone. ``names``: these studies only (unknown: StoreError). The
+    stored test embeddings of a live study stay (:attr:`StudyGc.embeddings` counts them)."""
     rows = studies.studies(engine)
     if names:
         missing = sorted(set(names) - {r.name for r in rows})
@@ -181,5 +201,7 @@ def gc(
             out.append(StudyGc(row.name, "archived", freed))
             continue
         policy = keep or history.last_values(engine, row.id).get("artifacts.keep") or "resume"
-        out.append(StudyGc(row.name, policy, collect_study(engine, row.id, root, policy, dry_run)))
+        freed = collect_study(engine, row.id, root, policy, dry_run)
+        kept = stored_embeddings(engine, row.id, study_folder(artifacts, row.name))
+        out.append(StudyGc(row.name, policy, freed, kept))
     return out

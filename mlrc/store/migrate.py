@@ -46,6 +46,7 @@ REVISIONS = {
     5: "schema_5",
     6: "schema_6",
     7: "schema_7",
+    8: "schema_8",
 }  # mlrc_meta.schema_version -> Alembic revision
 HEAD = REVISIONS[SCHEMA_VERSION]
 MIGRATIONS = Path(__file__).with_name("migrations")  # env.py and versions/, package data

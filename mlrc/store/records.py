@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 __all__ = [
     "BaselineRecord",
+    "EmbeddingFileRecord",
     "FoldCurve",
     "FoldRunRecord",
     "HistoryRecord",
@@ -125,6 +126,23 @@ class TestResultRecord:
     r_precision: float
     params: dict[str, Any]
     extra: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class EmbeddingFileRecord:
+    """A tested reproduction's stored test embeddings (``mlrc_embedding_file``): the ``.npz``
+    file's path relative to the study's folder, its sha256, dtype, shape and size in bytes."""
+
+    study_id: int
+    reproduction: int
+    params_hash: str
+    path: str
+    sha256: str
+    dtype: str
+    folds: int
+    n: int
+    dim: int
+    size: int
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from mlrc.store.embeddings import write_embedding_file
 from mlrc.store.engine import session, transact, upsert
 from mlrc.store.records import TestResultRecord, from_row
 from mlrc.store.schema import METRIC_COLUMNS, Baseline, RetrievalView, StudyBaseline, TestResult
@@ -58,11 +59,13 @@ def record_reproduction(
     params: dict[str, Any],
     rows: list[tuple[str, int, dict[str, float]]],
     view: dict[str, Any] | None = None,
+    embeddings: dict[str, Any] | None = None,
 ) -> None:
     """All rows ``(mode, fold, metrics)`` of one reproduction, in one transaction; metrics other
     than the metric columns go to ``extra``. ``view``: its retrieval view
     (:class:`~mlrc.store.schema.RetrievalView`), written in the same transaction; None: none.
-    Re-run whole after a lost connection (every write is an upsert)."""
+    ``embeddings``: its stored test embeddings' row (:class:`~mlrc.store.schema.EmbeddingFile`
+    fields), likewise. Re-run whole after a lost connection (every write is an upsert)."""
 
     def write(s: Session) -> None:
         for mode, fold, m in rows:
@@ -77,6 +80,8 @@ def record_reproduction(
         if view is not None:
             key = {"study_id": study_id, "reproduction": reproduction}
             upsert(s, RetrievalView, key, data=view)
+        if embeddings is not None:
+            write_embedding_file(s, study_id, reproduction, **embeddings)
 
     transact(engine, write, f"recording reproduction {reproduction}")
 

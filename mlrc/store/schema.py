@@ -3,7 +3,9 @@
 Tables (prefix ``mlrc_``): ``study``, ``trial``, ``fold_run``, ``epoch_metric``, ``test_result``,
 ``baseline`` + ``study_baseline`` (the untrained "Pretrained" row), ``campaign_study`` (which
 studies a campaign holds), ``study_history``, ``retrieval_view`` (the dashboard's sample
-retrievals and embedding map of a reproduction), ``meta`` (schema version). Metric columns are fractions in [0, 1].
+retrievals and embedding map of a reproduction), ``embedding_file`` (a reproduction's stored test
+embeddings: path and sha256), ``rescored`` (metrics computed after the fact from them), ``meta``
+(schema version). Metric columns are fractions in [0, 1].
 Every write is idempotent: rows have natural unique keys and are upserted, so re-running
 finished work writes nothing new.
 
@@ -25,9 +27,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # Written to mlrc_meta.schema_version, which older mlrc releases check: they refuse a store of a
 # newer version. 2: test_result.extra (analysis metrics); 3: fold_run.objective/code_version and
 # the baseline tables; 4: the study history and fold_run.threads; 5: the retrieval views; 6: the
-# study's settings; 7: fold_run.provenance. Each version is an Alembic revision
-# (mlrc.store.migrate.REVISIONS).
-SCHEMA_VERSION = 7
+# study's settings; 7: fold_run.provenance; 8: the stored test embeddings and the metrics
+# re-scored from them. Each version is an Alembic revision (mlrc.store.migrate.REVISIONS).
+SCHEMA_VERSION = 8
 
 
 class Base(DeclarativeBase):
@@ -174,6 +176,49 @@ class RetrievalView(Base):
     study_id: Mapped[int] = mapped_column(ForeignKey("mlrc_study.id"))
     reproduction: Mapped[int] = mapped_column(Integer)
     data: Mapped[dict] = mapped_column(JSON)
+    created: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+
+
+class EmbeddingFile(Base):
+    """One tested reproduction's test embeddings on disk (schema 8): a NumPy ``.npz`` written by
+    the test stage (:mod:`mlrc.search.embeddings`). ``path``: relative to the study's artifact
+    folder (``<artifacts>/<study>``), so an archived or moved folder still finds it; ``sha256``:
+    of the file's bytes, checked before every use; ``dtype`` float16 or float32; ``folds`` ×
+    ``n`` × ``dim`` the shape of its ``separated`` array; ``size`` in bytes."""
+
+    __tablename__ = "mlrc_embedding_file"
+    __table_args__ = (UniqueConstraint("study_id", "reproduction"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("mlrc_study.id"))
+    reproduction: Mapped[int] = mapped_column(Integer)
+    params_hash: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    dtype: Mapped[str] = mapped_column(String(16))
+    folds: Mapped[int] = mapped_column(Integer)
+    n: Mapped[int] = mapped_column(Integer)
+    dim: Mapped[int] = mapped_column(Integer)
+    size: Mapped[int] = mapped_column(Integer)
+    created: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+
+
+class Rescored(Base):
+    """A metric computed after the fact from a reproduction's stored test embeddings (schema 8;
+    ``mlrc study rescore``): one value (a fraction) per (reproduction, mode, fold, metric) as in
+    :class:`TestResult` (fold −1: the separated mean or the 512-D row); ``metric`` the metric's
+    column key (``ndcg_at_10``); ``sha256`` of the embedding file it was computed from."""
+
+    __tablename__ = "mlrc_rescored"
+    __table_args__ = (UniqueConstraint("study_id", "reproduction", "mode", "fold", "metric"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("mlrc_study.id"))
+    reproduction: Mapped[int] = mapped_column(Integer)
+    mode: Mapped[str] = mapped_column(String(16))  # separated | concatenated
+    fold: Mapped[int] = mapped_column(Integer)
+    metric: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column(Float)
+    sha256: Mapped[str] = mapped_column(String(64))
+    code_version: Mapped[str | None] = mapped_column(String(64))
     created: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
 
 

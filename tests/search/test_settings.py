@@ -64,7 +64,9 @@ def history(url: str) -> list[tuple]:
 
 
 def files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file())
+    """The checkpoint files under ``root`` (not the stored test embeddings, which every policy
+    keeps: tests/search/test_rescore.py)."""
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.parent.name != "embeddings")
 
 
 def test_keep_all_then_a_plain_rerun_keeps_everything(tmp_path):
