@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mlrc.cli.options import DEFAULT_STORAGE, StorageOpt
-from mlrc.cli.terminal import check_out, fail, print_report, user_errors
+from mlrc.cli.options import (
+    DEFAULT_ARTIFACTS,
+    DEFAULT_STORAGE,
+    ArtifactsOpt,
+    DeviceOpt,
+    StorageOpt,
+)
+from mlrc.cli.terminal import check_device, check_out, fail, print_report, user_errors
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
 __all__ = ["metric_keys", "report"]
 
@@ -41,10 +50,12 @@ def report(
         str | None,
         typer.Option(
             "--metrics",
-            help="also these metrics, comma-separated (ndcg_at_k@10,mrr,…), as `mlrc study "
-            "rescore` computed them from the stored test embeddings (marked *)",
+            help="also these metrics, comma-separated (ndcg_at_k@10,mrr,…), computed from the "
+            "stored test embeddings without training where not stored yet (marked *)",
         ),
     ] = None,
+    artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Test results with 95% CIs: separated (128-D) and concatenated (512-D), in percent.
 
@@ -57,9 +68,10 @@ def report(
     `study run --force-new` (NAME.old-K) is marked archived, and left out once the current
     study NAME has test results unless --archived (or --study names it).
 
-    --metrics: columns computed after the fact from the stored test embeddings (marked *),
-    read from the store as `mlrc study rescore STUDY --metrics …` wrote them; a study without
-    them says, in the notes, what to run."""
+    --metrics: columns computed after the fact from the stored test embeddings under
+    --artifacts (marked *), without training: what `mlrc study rescore` has not stored yet is
+    computed first and stored as it stores it. A study without embeddings (tested before they
+    were kept), or whose file is missing or changed (refused), says so in one line."""
     from mlrc import store
     from mlrc.report.tables import FORMATS
 
@@ -70,9 +82,36 @@ def report(
     if out is not None:
         check_out(out)
     asked = metric_keys(metrics) if metrics is not None else None
+    check_device(device)
     with user_errors():
         engine = store.connect(storage, read_only=True)
+        if asked:
+            _rescore_first(engine, study, campaign, archived, asked, artifacts, device)
         print_report(engine, study, fmt, out, campaign, standalone, archived, asked)
+
+
+def _rescore_first(
+    engine: Engine,
+    study: list[str] | None,
+    campaign: list[str] | None,
+    archived: bool,
+    asked: dict[str, str],
+    artifacts: Path,
+    device: str,
+) -> None:
+    """The asked metrics the store lacks, computed from the stored embeddings and stored (one
+    line on stderr per study re-scored, and per study that could not be)."""
+    from mlrc.protocol.scoring import parse_metrics
+    from mlrc.report.values import select_studies
+    from mlrc.search.rescore import rescore_missing
+
+    names = select_studies(engine, study, campaign, archived)
+    chosen = parse_metrics(",".join(asked.values()))
+    done, problems = rescore_missing(engine, names, Path(artifacts), chosen, device)
+    for name in done:
+        typer.echo(f"computed from stored embeddings: {', '.join(asked)} of {name}", err=True)
+    for line in problems:
+        typer.echo(f"warning: {line}", err=True)
 
 
 def metric_keys(text: str) -> dict[str, str]:

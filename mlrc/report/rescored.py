@@ -1,7 +1,8 @@
 """The report's metrics computed after the fact (``mlrc report --metrics``): values that
 ``mlrc study rescore`` computed from a study's stored test embeddings and stored
 (``mlrc_rescored``), as lines beside the test stage's own, with the same intervals and marks.
-Read from the store only; nothing here computes a metric. A study without the values says why
+Read from the store only; nothing here computes a metric (the CLI has
+:func:`mlrc.search.rescore.rescore_missing` store what is missing first). A study without the values says why
 in the notes: tested before embeddings were stored (how many reproductions to test again), or
 not re-scored yet (the command to run)."""
 

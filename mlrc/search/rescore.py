@@ -1,7 +1,8 @@
 """Re-scoring without training (``mlrc study rescore``): any registered metric
 (:mod:`mlrc.protocol.scoring`) computed from a study's stored test embeddings
 (:mod:`mlrc.search.embeddings`), for every tested reproduction that stored them, and recorded as
-computed after the fact (``mlrc_rescored``), where ``mlrc report --metrics`` reads them.
+computed after the fact (``mlrc_rescored``), where ``mlrc report --metrics`` reads them (it
+runs :func:`rescore_missing` first).
 
 Per reproduction, as the test stage scores: each fold model's rows (separated, folds 0..k−1),
 their mean (separated, fold −1: the reference's mean aggregator, which leaves out a fold kept at
@@ -35,7 +36,14 @@ if TYPE_CHECKING:
 
     from mlrc.protocol.scoring import Metric
 
-__all__ = ["Rescored", "protocol_of", "rescore_study", "score_arrays", "summary_lines"]
+__all__ = [
+    "Rescored",
+    "protocol_of",
+    "rescore_missing",
+    "rescore_study",
+    "score_arrays",
+    "summary_lines",
+]
 
 ScoreRows = list[tuple[str, int, dict[str, float]]]  # (mode, fold, {metric key: value})
 
@@ -140,6 +148,44 @@ def rescore_study(
             sha, version = files[rep].sha256, code_version()
             stored.record_rescored(engine, st.id, rep, out.rows[rep], sha, version)
     return out
+
+
+def missing_metrics(engine: Engine, name: str, metrics: list[Metric]) -> list[Metric]:
+    """Those of ``metrics`` not yet stored for every reproduction of study ``name`` that has
+    an embedding file (a reproduction tested again has a new file, and needs them again)."""
+    st = studies.study_named(engine, name)
+    reps = {f.reproduction for f in stored.embedding_files(engine, st.id)} if st else set()
+    if not reps:
+        return []
+    have = stored.rescored_values(engine, [st.id], [m.key for m in metrics])
+    done = {(rep, key) for _, rep, _, fold, key, _ in have if fold == -1}
+    return [m for m in metrics if any((rep, m.key) not in done for rep in reps)]
+
+
+def rescore_missing(
+    engine: Engine,
+    names: list[str],
+    artifacts: Path,
+    metrics: list[Metric],
+    device: str | None = None,
+) -> tuple[list[str], list[str]]:
+    """What ``mlrc report --metrics`` computes before it reads: for each study of ``names``
+    with stored embeddings, the ``metrics`` it lacks, scored and recorded as
+    :func:`rescore_study` does. Returns (the studies re-scored, one line per study that could
+    not be: a missing or changed file, a metric needing labels it lacks) — such a study's
+    values are not shown, and the report's notes say what is missing."""
+    done, problems = [], []
+    for name in names:
+        missing = missing_metrics(engine, name, metrics)
+        if not missing:
+            continue
+        try:
+            rescore_study(engine, name, artifacts, missing, device)
+        except StudyError as e:
+            problems.append(str(e))
+            continue
+        done.append(name)
+    return done, problems
 
 
 def summary_lines(done: Rescored) -> list[str]:

@@ -70,6 +70,20 @@ def naive_mrr_recall(emb: np.ndarray, labels: np.ndarray, k: int) -> tuple[float
     return float(np.mean(rr)), float(np.mean(hit))
 
 
+def naive_ndcg(emb: np.ndarray, labels: np.ndarray, k: int) -> float:
+    """All vs all NDCG@k with linear 0/1 gains (Järvelin & Kekäläinen): Σ_{i≤k} rel/log₂(i+1)
+    over the ideal order's (R relevant first); lone queries left out."""
+    out = []
+    for q in range(len(emb)):
+        R = int((labels == labels[q]).sum()) - 1
+        if R == 0:
+            continue
+        same = [labels[x] == labels[q] for x in naive_ranking(emb, q)[:k]]
+        dcg = sum(float(h) / math.log2(i + 2) for i, h in enumerate(same))
+        out.append(dcg / sum(1.0 / math.log2(i + 2) for i in range(min(k, R))))
+    return float(np.mean(out))
+
+
 def naive_concatenation(separated: np.ndarray) -> np.ndarray:
     """Each fold model's rows L2-normalised, concatenated, normalised again (float64)."""
     return unit(np.concatenate([unit(s) for s in separated], axis=1))
@@ -257,15 +271,32 @@ def test_the_report_shows_the_rescored_metrics_with_intervals_and_the_mark(resco
     assert "MAP@R & P@1 & R-Prec & MRR* & MAP@R" in tex
     plain = cli("report", "--storage", url).output  # without --metrics: as before
     assert "MRR" not in plain and "after the fact" not in plain
-    later = cli("report", "--storage", url, "--metrics", "ndcg_at_k@5").output
-    assert "ndcg_at_5 not computed yet: run `mlrc study rescore e --metrics ndcg_at_k@5`" in later
+
+
+def test_the_report_computes_a_new_metric_from_the_stored_embeddings(rescored, tmp_path):
+    """``report --metrics`` scores what the store lacks from the files, stores it, shows it."""
+    url, art = copy_store(rescored[0], tmp_path / "db.sqlite"), rescored[1]
+    lost = cli("report", "--storage", url, "--artifacts", tmp_path / "elsewhere", "--metrics",
+               "ndcg_at_k@5").output  # fmt: skip
+    assert "are missing (moved or deleted)" in lost  # the files are not where it looks
+    assert "ndcg_at_5 not computed yet: run `mlrc study rescore e --metrics ndcg_at_k@5`" in lost
+    md = cli("report", "--storage", url, "--artifacts", art, "--metrics", "ndcg_at_k@5").output
+    assert "computed from stored embeddings: ndcg_at_5 of e" in md and "NDCG@5*" in md
+    assert "not computed yet" not in md
+    stored = rows(url, Rescored, metric="ndcg_at_5", mode="concatenated", fold=-1)
+    for r in stored:  # the value equals a naive NDCG@5 on the loaded arrays
+        path = {rep: p for rep, (p, _) in stored_files(url, art).items()}[r.reproduction]
+        with np.load(path) as z:
+            joined = naive_concatenation(z["separated"].astype(np.float32))
+            assert math.isclose(r.value, naive_ndcg(joined, z["labels"], 5), abs_tol=1e-9)
+    assert len(stored) == 2
 
 
 def test_values_of_another_file_than_the_current_one_are_not_shown(rescored, tmp_path):
     url = copy_store(rescored[0], tmp_path / "db.sqlite")
     with sqlite3.connect(url.removeprefix("sqlite:///")) as c:  # reproduction 2 tested again
         c.execute("UPDATE mlrc_embedding_file SET sha256 = 'f00d' WHERE reproduction = 2")
-    csv = cli("report", "--storage", url, "--metrics", "mrr", "--format", "csv").output
+    csv = cli("report", "--storage", url, "--metrics", "mrr", "--format", "csv").stdout
     lines = [x for x in __import__("csv").DictReader(csv.splitlines()) if x["metric"] == "mrr"]
     assert lines and {x["n"] for x in lines} == {"1"}
     md = cli("report", "--storage", url, "--metrics", "mrr").output
