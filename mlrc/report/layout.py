@@ -21,6 +21,7 @@ from mlrc.report.legend import (
     PROTOCOL_NOTE,
     PRUNED_NOTE,
     RESCORED_NOTE,
+    RETRIEVAL_NOTES,
     SECTION,
     TRADITIONAL_NOTE,
     TRADITIONAL_TITLE,
@@ -302,6 +303,17 @@ def pruning_notes(summary: pd.DataFrame) -> list[str]:
     return out
 
 
+def retrieval_notes(summary: pd.DataFrame) -> list[str]:
+    """How each dataset's test rows were ranked: all vs all (MLRC) or query→gallery (the
+    dataset's roles), one line for each protocol found, naming the datasets ranked with it."""
+    how = summary.groupby("retrieval", sort=False)["dataset"].unique()
+    return [
+        f"Retrieval {kind} ({', '.join(map(str, how[kind]))}): {RETRIEVAL_NOTES[kind]}."
+        for kind in RETRIEVAL_NOTES
+        if kind in how.index
+    ]
+
+
 def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
     """The legend's notes after the marks: the traditional protocol's leakage, baselines,
     pruning, protocols, budgets, zeros."""
@@ -311,6 +323,7 @@ def notes(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
     if kinds:
         out.append("; ".join(BASELINE_NOTES[k] for k in kinds) + BASELINE_NOTE_END)
     out += pruning_notes(summary)
+    out += retrieval_notes(summary)
     if (summary["warm_start"].astype(bool) & ~summary["baseline"]).any():
         out.append(WARM_NOTE)
     # (dataset, traditional) -> its blocks, when it has several protocols

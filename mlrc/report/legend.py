@@ -17,6 +17,7 @@ __all__ = [
     "PROTOCOL_NOTE",
     "PRUNED_NOTE",
     "RESCORED_NOTE",
+    "RETRIEVAL_NOTES",
     "pruning_label",
     "risk_text",
     "SECTION",
@@ -53,6 +54,14 @@ LEGEND_ONE_MODEL = [
     LEGEND[2],
     LEGEND[3],
 ]
+# How the test rows rank (mlrc.search.baseline.test_set_metrics): MAP@R, P@1, R-Precision,
+# Recall@K; NMI, mAP@1000, ρ and π are computed on all the test rows either way
+RETRIEVAL_NOTES = {
+    "all vs all": "every test image is a query against all the other test images (MLRC)",
+    "query→gallery": "each query image ranks the gallery images, as the dataset's benchmark "
+    "does (a query's own image is never in the gallery); NMI, mAP@1000, ρ and π over all "
+    "its test images",
+}
 PRUNED_NOTE = (
     f"{DDAGGER} searched with opt-in pruning (search.pruner) or in-fold stopping (search.stop): "
     "trials that could no longer win were stopped early, so the search is not the protocol's, "

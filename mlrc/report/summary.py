@@ -49,6 +49,7 @@ TIDY_COLUMNS = [
     "complete_trials",
     "nonfinite_trials",
     "test_set_selection",  # True: the traditional protocol, epoch chosen on the test set
+    "retrieval",  # how the test stage ranked: "all vs all" or "query→gallery" (the dataset's roles)
     "failed_trials",  # trials failed with a reason (an error stopped them)
     "failures",  # each failed trial and test fold with its reason, "; "-separated
     "archived",  # True: archived by study run --force-new (NAME.old-K), never compared
@@ -98,6 +99,7 @@ def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
         "fold_compute": "",
         "mixed_compute": "",
         "test_set_selection": False,
+        "retrieval": "all vs all",
         "failed_trials": pd.NA,
         "failures": "",
         "archived": False,

@@ -23,6 +23,8 @@ from mlrc.report.scopes import (
     scope_differences,
 )
 from mlrc.store import METRIC_COLUMNS, NONFINITE, reads
+from mlrc.store import embeddings as stored_embeddings
+from mlrc.store.embeddings import ALL_VS_ALL
 from mlrc.store.provenance import compute_of
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ META_COLUMNS = [
     "fold_compute",  # what computed its folds: "NVIDIA H100 … (CUDA 13.0, …, TF32 off, …)", or ""
     "mixed_compute",  # what differs between its folds' devices: "GPU models, TF32 settings", or ""
     "test_set_selection",  # traditional protocol: the epoch chosen on the test classes (leakage)
+    "retrieval",  # how the test stage ranked: "query→gallery" (the dataset's roles) or "all vs all"
     "archived",  # archived by ``study run --force-new`` (NAME.old-K): shown, never compared
     "untrained_test",  # every complete test fold kept epoch 0, the untrained model
     "failed_trials",  # trials failed with a reason (an error stopped them; not the scored zeros)
@@ -219,6 +222,7 @@ class _Group:
     fields: str = ""  # this protocol's differing fields, "" when the dataset has one protocol
     diff: str = ""  # the dataset's differing fields, "" when it has one protocol
     rank: tuple[int, int] = (0, 0)  # (dataset, protocol within the dataset) in table order
+    retrieval: str = ALL_VS_ALL  # how its test stage ranked: query→gallery or all vs all
 
     @property
     def traditional(self) -> bool:
@@ -226,18 +230,24 @@ class _Group:
         return is_traditional(self.protocol)
 
 
-def _scope_groups(ordered: list[StudyRecord]) -> list[_Group]:
+def _scope_groups(
+    ordered: list[StudyRecord], retrieval: dict[int, str] | None = None
+) -> list[_Group]:
     """Per dataset, per protocol, a group of the studies (given in table order); datasets and
     their protocols in the order of their first study, with their differing fields worded. The
     fields are compared among the traditional protocols and among the others apart: a
-    traditional block is always a block of its own and leaves the others' headers as they were."""
+    traditional block is always a block of its own and leaves the others' headers as they were.
+    A study whose test stage ranked query→gallery (``retrieval``, by study id) is compared with
+    ``retrieval: query→gallery`` added to its protocol, so it never shares a block with one
+    ranked all vs all."""
     by_dataset: dict[str, dict[str, _Group]] = {}
     for st in ordered:
         groups = by_dataset.setdefault(st.dataset, {})
-        key = comparison_key(st.config)
-        groups.setdefault(key, _Group(st.dataset, key, comparison_scope(st.config))).studies.append(
-            st
-        )
+        how = (retrieval or {}).get(st.id, ALL_VS_ALL)
+        config = st.config if how == ALL_VS_ALL else {**(st.config or {}), "retrieval": how}
+        key = comparison_key(config)
+        group = _Group(st.dataset, key, comparison_scope(config), retrieval=how)
+        groups.setdefault(key, group).studies.append(st)
     out = []
     for d_rank, groups in enumerate(by_dataset.values()):
         for g_rank, g in enumerate(groups.values()):
@@ -331,6 +341,7 @@ def _baseline_rows(
                         "fold_compute": "",
                         "mixed_compute": "",
                         "test_set_selection": False,  # untrained: no epoch chosen
+                        "retrieval": g.retrieval,  # ranked as its block's studies
                         "archived": False,
                         "untrained_test": False,
                         "failed_trials": None,
@@ -453,6 +464,7 @@ def _study_meta(
             ),
             "mixed_compute": ", ".join(compute[st.id].mixed) if st.id in compute else "",
             "test_set_selection": g.traditional,
+            "retrieval": g.retrieval,
             "archived": reads.archived_of(st.name) is not None,
             "untrained_test": _untrained(test_epochs.get(st.id)),
             "pruning_risk": risk_text((st.settings or {}).get("pruning_risk")),
@@ -484,7 +496,8 @@ def collect(
     rank = {n: i for i, n in enumerate(names)}
     data = reads.table_inputs(engine, names)
     found = {st.id: st for st, _ in data.results}
-    groups = _scope_groups(sorted(found.values(), key=lambda st: rank[st.name]))
+    retrieval = stored_embeddings.retrieval_of_studies(engine, list(found))
+    groups = _scope_groups(sorted(found.values(), key=lambda st: rank[st.name]), retrieval)
     group_of = {st.id: g for g in groups for st in g.studies}
     counts = _trial_counts(data.trial_reasons, list(found))
     meta = _study_meta(

@@ -13,8 +13,10 @@ from mlrc.config import ResolvedStudy
 from mlrc.config.identity import canonical_json, code_version
 from mlrc.protocol import retrieval_metrics
 from mlrc.protocol.analysis import analysis_metrics, recall_ks
+from mlrc.protocol.scoring import score
 from mlrc.search.session import StudySession
 from mlrc.store import results
+from mlrc.store.embeddings import ALL_VS_ALL, QUERY_GALLERY, retrieval_of
 from mlrc.train import UNTRAINED_SEED, View, embed, untrained_trunk
 from mlrc.train.setup import eval_inputs
 
@@ -42,6 +44,8 @@ def ensure_baseline(ctx: StudySession) -> None:
     this study. Separated = concatenated = the trunk's own features (L2-normalised by the
     metrics), as the reference harness does for untrained status."""
     config = baseline_of(ctx.resolved)
+    if getattr(ctx.dataset, "roles", None) is not None:  # ranked query→gallery (not as before)
+        config["retrieval"] = QUERY_GALLERY
     key = hashlib.sha256(canonical_json(config).encode()).hexdigest()[:16]
     if not results.has_baseline(ctx.engine, key):
         _compute_baseline(ctx, key, config)
@@ -58,10 +62,8 @@ def _compute_baseline(ctx: StudySession, key: str, config: dict[str, Any]) -> No
     emb, labels = embed(
         model, view_of_test_classes(ctx, model.trunk.input_spec), p.eval_batch_size, ctx.device
     )
-    m = retrieval_metrics(emb, labels, device=ctx.device)
-    m.pop("num_queries")
-    ks = (1, 2, 4, 8, *recall_ks(r.study.dataset.name))  # as the test rows (reproductions)
-    m |= analysis_metrics(emb, labels, seed=r.study.search.seed, ks=ks)
+    view = view_of_test_classes(ctx, model.trunk.input_spec)
+    m = test_set_metrics(ctx, emb, labels, test_roles(ctx, view))  # as the reproductions' rows
     results.record_baseline(
         ctx.engine,
         key,
@@ -74,6 +76,29 @@ def _compute_baseline(ctx: StudySession, key: str, config: dict[str, Any]) -> No
         device=ctx.device,
         code_version=code_version(),
     )
+
+
+def test_set_metrics(
+    ctx: StudySession, emb: np.ndarray, labels: np.ndarray, roles: np.ndarray
+) -> dict[str, float]:
+    """The test rows' metrics (fractions) of embeddings ``emb`` (n × d, raw: L2-normalised
+    here) with class ``labels`` and ``roles`` (:func:`test_roles`): MAP@R, P@1, R-Precision and
+    Recall@K (K = 1, 2, 4, 8 and the dataset's own) rank, for each query, the gallery
+    (query→gallery, as In-Shop's benchmark) when the roles name queries, else every other test
+    item (all vs all, MLRC); the analysis metrics (NMI, mAP@1000, ρ, π) are computed on all the
+    test rows either way (a clustering or a property of the embedding space, not a ranking of
+    queries; mAP@1000 keeps the Revisiting paper's all-vs-all definition)."""
+    seed = ctx.resolved.study.search.seed
+    ks = tuple(sorted({1, 2, 4, 8, *recall_ks(ctx.resolved.study.dataset.name)}))
+    out = analysis_metrics(emb, labels, seed=seed, ks=ks)
+    if retrieval_of(roles) == ALL_VS_ALL:
+        m = retrieval_metrics(emb, labels, device=ctx.device)
+        m.pop("num_queries")
+        return {**m, **out}
+    q, g = roles == "query", roles == "gallery"
+    asked = ["map_at_r", "precision_at_1", "r_precision", *(f"recall_at_k@{k}" for k in ks)]
+    ranked = score(",".join(asked), emb[q], labels[q], emb[g], labels[g], device=ctx.device)
+    return {**out, **ranked}  # Recall@K query→gallery replaces the all-vs-all one
 
 
 def view_of_test_classes(ctx: StudySession, input_spec: dict) -> View:

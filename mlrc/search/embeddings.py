@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from mlrc.search.errors import StudyError
+from mlrc.store.embeddings import retrieval_of
 
 __all__ = [
     "EMBEDDINGS_DIR",
@@ -90,7 +91,8 @@ def write_npz(
 ) -> dict[str, Any]:
     """Write the ``.npz`` at ``path`` atomically (a temporary file in its folder, flushed, then
     renamed; the folder is created) and return its store fields (:func:`file_fields` less
-    ``path`` and ``params_hash``): sha256, dtype, folds, n, dim, size."""
+    ``path`` and ``params_hash``): sha256, dtype, folds, n, dim, size, and ``retrieval``
+    (``query→gallery`` when ``roles`` name queries, else ``all vs all``)."""
     arrays = {
         "separated": _cast(separated, dtype, str(path)),
         "labels": np.asarray(labels, dtype=np.int64),
@@ -120,6 +122,7 @@ def write_npz(
         "n": n,
         "dim": dim,
         "size": path.stat().st_size,
+        "retrieval": retrieval_of(arrays["roles"]),
     }
 
 

@@ -26,14 +26,15 @@ from optuna.trial import TrialState
 from mlrc import store
 from mlrc.config.identity import canonical_json, code_version, derive_seed, params_hash
 from mlrc.errors import first_line
-from mlrc.protocol import concatenate_embeddings, retrieval_metrics
-from mlrc.protocol.analysis import analysis_metrics, metrix_utilization, recall_ks
+from mlrc.protocol import concatenate_embeddings
+from mlrc.protocol.analysis import metrix_utilization
 from mlrc.protocol.retrieval import retrieval_view
 from mlrc.protocol.stats import separated_mean
 from mlrc.search import retention
 from mlrc.search.baseline import (
     ensure_baseline,
     test_roles,
+    test_set_metrics,
     test_super_labels,
     view_of_test_classes,
 )
@@ -146,19 +147,19 @@ def _fail_fold(ctx: StudySession, params: dict[str, Any], rep: int, fold: int, r
 
 
 def _test_metrics(
-    ctx: StudySession, emb: np.ndarray, labels: np.ndarray, train_emb: np.ndarray
+    ctx: StudySession,
+    emb: np.ndarray,
+    labels: np.ndarray,
+    roles: np.ndarray,
+    train_emb: np.ndarray,
 ) -> dict[str, float]:
-    """MAP@R, P@1, R-Precision, the analysis metrics (Recall@K for K = 1, 2, 4, 8 and the
-    dataset's own K, NMI, mAP@1000, ρ, π) and the
-    Metrix utilization of the test embeddings against the training embeddings ``train_emb``
-    (the fold's training classes; for the 512-D row, all train+val classes), both L2-normalised.
-    """
-    m = retrieval_metrics(emb, labels, device=ctx.device)
-    m.pop("num_queries")
-    seed = ctx.resolved.study.search.seed
-    ks = (1, 2, 4, 8, *recall_ks(ctx.resolved.study.dataset.name))
+    """The test rows' metrics (:func:`mlrc.search.baseline.test_set_metrics`: MAP@R, P@1,
+    R-Precision, Recall@K query→gallery where ``roles`` name queries, else all vs all; NMI,
+    mAP@1000, ρ, π) and the Metrix utilization of the test embeddings against the training
+    embeddings ``train_emb`` (the fold's training classes; for the 512-D row, all train+val
+    classes), both L2-normalised."""
     util = metrix_utilization(emb, train_emb, normalize=True, device=ctx.device)
-    return {**m, **analysis_metrics(emb, labels, seed=seed, ks=ks), "metrix_utilization": util}
+    return {**test_set_metrics(ctx, emb, labels, roles), "metrix_utilization": util}
 
 
 def _test_reproduction(ctx: StudySession, params: dict[str, Any], rep: int) -> str | None:
@@ -189,11 +190,12 @@ def _train_and_test(
         embeddings.append(emb)
         seen.append(tv_emb)
         own = np.isin(np.asarray(ctx.split.trainval_classes)[tv_lab], fold.train_classes)
-        m = _test_metrics(ctx, emb, labels, tv_emb[own])
+        m = _test_metrics(ctx, emb, labels, test_roles(ctx, test_view), tv_emb[own])
         rows.append(("separated", fold.index, {**m, "best_epoch": float(res.best_epoch)}))
     rows.append(("separated", -1, _separated_row(rep, [m for _, _, m in rows])))
     joined = concatenate_embeddings(embeddings)
-    m = _test_metrics(ctx, joined, labels, concatenate_embeddings(seen))
+    roles = test_roles(ctx, test_view)
+    m = _test_metrics(ctx, joined, labels, roles, concatenate_embeddings(seen))
     epochs = [fm["best_epoch"] for _, fold, fm in rows if fold >= 0]
     # best_epoch: the epoch each fold model was taken at (traditional: chosen on the test set)
     rows.append(("concatenated", -1, {**m, "best_epoch": float(np.mean(epochs))}))

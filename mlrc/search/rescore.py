@@ -30,6 +30,7 @@ from mlrc.search.embeddings import load_checked
 from mlrc.search.errors import StudyError
 from mlrc.store import embeddings as stored
 from mlrc.store import results, studies
+from mlrc.store.embeddings import retrieval_of
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Rescored",
-    "protocol_of",
     "rescore_missing",
     "rescore_study",
     "score_arrays",
@@ -59,11 +59,6 @@ class Rescored:
     without_file: list[int] = field(default_factory=list)
 
 
-def protocol_of(roles: np.ndarray) -> str:
-    """``query→gallery`` when ``roles`` name queries, else ``all vs all``."""
-    return "query→gallery" if bool(np.any(roles == "query")) else "all vs all"
-
-
 def _score_one(
     metrics: list[Metric],
     emb: np.ndarray,
@@ -76,7 +71,7 @@ def _score_one(
     else all vs all (a query never retrieves its own row)."""
     from mlrc.protocol.scoring import score
 
-    if protocol_of(roles) == "all vs all":
+    if retrieval_of(roles) == stored.ALL_VS_ALL:
         return score(metrics, emb, labels, query_super_labels=sup, device=device)
     q, g = roles == "query", roles == "gallery"
     return score(
@@ -130,7 +125,7 @@ def rescore_study(
     if not tested:
         raise StudyError(f"study {name!r} has no test results yet: run `mlrc study test` first")
     files = {f.reproduction: f for f in stored.embedding_files(engine, st.id)}
-    out = Rescored(name, "all vs all", without_file=[r for r in tested if r not in files])
+    out = Rescored(name, stored.ALL_VS_ALL, without_file=[r for r in tested if r not in files])
     if not files:
         raise StudyError(f"study {name!r}: {stored.retest_hint(tested, [])}")
     folder = study_folder(Path(artifacts), name)
@@ -143,7 +138,7 @@ def rescore_study(
             out.rows[rep] = score_arrays(metrics, arrays, device)
         except ValueError as e:  # a metric needing labels the study lacks (super-classes)
             raise StudyError(f"study {name!r}: {e}") from None
-        out.protocol = protocol_of(np.asarray(arrays["roles"]))
+        out.protocol = retrieval_of(np.asarray(arrays["roles"]))
         if write:
             sha, version = files[rep].sha256, code_version()
             stored.record_rescored(engine, st.id, rep, out.rows[rep], sha, version)

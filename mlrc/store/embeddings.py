@@ -18,19 +18,33 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 __all__ = [
+    "ALL_VS_ALL",
+    "QUERY_GALLERY",
     "embedding_files",
     "files_of_studies",
     "record_rescored",
     "rescored_values",
+    "retrieval_of",
+    "retrieval_of_studies",
     "retest_hint",
     "write_embedding_file",
 ]
+
+# How a test stage ranked its rows: each query against the gallery (a dataset with roles, as
+# In-Shop's benchmark), or every test item against all the others (MLRC)
+QUERY_GALLERY, ALL_VS_ALL = "query→gallery", "all vs all"
+
+
+def retrieval_of(roles: Any) -> str:
+    """:data:`QUERY_GALLERY` when the test rows' ``roles`` (``query``/``gallery``/``all``)
+    name queries, else :data:`ALL_VS_ALL`."""
+    return QUERY_GALLERY if any(str(r) == "query" for r in roles) else ALL_VS_ALL
 
 
 def write_embedding_file(s: Session, study_id: int, reproduction: int, **fields: Any) -> None:
     """Upsert reproduction ``reproduction``'s embedding-file row inside session ``s`` (the
     transaction that stores its test results); ``fields``: params_hash, path, sha256, dtype,
-    folds, n, dim, size."""
+    folds, n, dim, size, retrieval."""
     upsert(s, EmbeddingFile, {"study_id": study_id, "reproduction": reproduction}, **fields)
 
 
@@ -39,6 +53,17 @@ def embedding_files(engine: Engine, study_id: int) -> list[EmbeddingFileRecord]:
     with session(engine) as s:
         q = select(EmbeddingFile).filter_by(study_id=study_id).order_by(EmbeddingFile.reproduction)
         return [from_row(EmbeddingFileRecord, r) for r in s.execute(q).scalars()]
+
+
+def retrieval_of_studies(engine: Engine, study_ids: list[int]) -> dict[int, str]:
+    """Per study id, how its test stage ranked: ``query→gallery`` when a stored reproduction
+    did, else ``all vs all`` (every study tested before embeddings were stored was)."""
+    with session(engine) as s:
+        q = select(EmbeddingFile.study_id).where(
+            EmbeddingFile.study_id.in_(study_ids), EmbeddingFile.retrieval == QUERY_GALLERY
+        )
+        ranked = set(s.execute(q.distinct()).scalars())
+    return {i: QUERY_GALLERY if i in ranked else ALL_VS_ALL for i in study_ids}
 
 
 def files_of_studies(engine: Engine, names: list[str]) -> dict[str, list[EmbeddingFileRecord]]:

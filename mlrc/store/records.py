@@ -143,6 +143,7 @@ class EmbeddingFileRecord:
     n: int
     dim: int
     size: int
+    retrieval: str  # "query→gallery" or "all vs all"
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,8 @@ class EmbeddingFile(Base):
     the test stage (:mod:`mlrc.search.embeddings`). ``path``: relative to the study's artifact
     folder (``<artifacts>/<study>``), so an archived or moved folder still finds it; ``sha256``:
     of the file's bytes, checked before every use; ``dtype`` float16 or float32; ``folds`` ×
-    ``n`` × ``dim`` the shape of its ``separated`` array; ``size`` in bytes."""
+    ``n`` × ``dim`` the shape of its ``separated`` array; ``size`` in bytes; ``retrieval``: how
+    the test stage ranked its rows, ``query→gallery`` (the dataset's roles) or ``all vs all``."""
 
     __tablename__ = "mlrc_embedding_file"
     __table_args__ = (UniqueConstraint("study_id", "reproduction"),)
@@ -199,6 +200,7 @@ class EmbeddingFile(Base):
     n: Mapped[int] = mapped_column(Integer)
     dim: Mapped[int] = mapped_column(Integer)
     size: Mapped[int] = mapped_column(Integer)
+    retrieval: Mapped[str] = mapped_column(String(16))  # "query→gallery" or "all vs all"
     created: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
 
 

@@ -230,6 +230,7 @@ def test_csv_is_tidy_with_strategy_p_value_and_not_worse(url):
         "complete_trials",
         "nonfinite_trials",
         "test_set_selection",
+        "retrieval",
         "failed_trials",
         "failures",
         "archived",
@@ -238,6 +239,7 @@ def test_csv_is_tidy_with_strategy_p_value_and_not_worse(url):
         "pruning_risk",
     ]
     assert not table["test_set_selection"].any()  # no traditional study in this store
+    assert (table["retrieval"] == "all vs all").all()  # no dataset with query/gallery roles
     assert len(table) == len(STUDIES) * 6  # every study in the store, one line per cell
     assert not table.duplicated(["study", "mode", "metric"]).any()
     metrix = table[table["study"] == "cub-contrastive-metrix"]

@@ -376,14 +376,15 @@ def naive_query_gallery(emb: np.ndarray, labels: np.ndarray, roles: np.ndarray, 
 
 def test_query_gallery_roles_rank_the_gallery_and_an_untrained_fold_leaves_the_mean():
     from mlrc.protocol.scoring import parse_metrics
-    from mlrc.search.rescore import protocol_of, score_arrays
+    from mlrc.search.rescore import score_arrays
+    from mlrc.store.embeddings import retrieval_of
 
     rng = np.random.default_rng(3)
     sep = rng.normal(size=(2, 90, 8)).astype(np.float16)
     labels = rng.integers(0, 9, 90)
     roles = np.array(["query"] * 30 + ["gallery"] * 60)
     arrays = {"separated": sep, "labels": labels, "roles": roles, "best_epochs": np.array([0, 4])}
-    assert protocol_of(roles) == "query→gallery"
+    assert retrieval_of(roles) == "query→gallery"
     got = {(m, f): v for m, f, v in score_arrays(parse_metrics("mrr,recall_at_k@2"), arrays)}
     sep32 = sep.astype(np.float32)
     for k in range(2):

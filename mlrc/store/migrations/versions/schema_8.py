@@ -32,6 +32,7 @@ def upgrade() -> None:
             sa.Column("n", sa.Integer(), nullable=False),
             sa.Column("dim", sa.Integer(), nullable=False),
             sa.Column("size", sa.Integer(), nullable=False),
+            sa.Column("retrieval", sa.String(16), nullable=False),
             sa.Column("created", sa.DateTime(), nullable=False),
             sa.UniqueConstraint("study_id", "reproduction"),
         )
