@@ -21,9 +21,11 @@ from scipy import stats
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
-from mlrc import store
+from mlrc import data, store
 from mlrc.cli.campaign import campaign_app
+from mlrc.protocol import mlrc_split
 from mlrc.search.campaign_runner import parse_campaign, register, resolve_campaign
+from mlrc.search.embeddings import write_npz
 from mlrc.search.plan import plan_campaign
 from mlrc.search.plan_ci import TYPICAL, reproductions_for
 from mlrc.search.pruning import RISK_TABLE
@@ -233,11 +235,18 @@ def test_disk_at_each_retention_counts_real_checkpoint_files(seeded, tmp_path):
     torch.save(build_model(preset, pretrained=False).state_dict(), tmp_path / "best.pt")
     best = (tmp_path / "best.pt").stat().st_size
     assert plan0.studies[0].checkpoint_bytes == pytest.approx(best, rel=0.05)
-    assert plan0.studies[0].disk_bytes == 0  # resume: nothing kept once done
+    # the test embeddings every policy keeps: a real file of the test half's shape, per rep
+    labels = data.build("glyphs").labels
+    n_test = int(np.isin(labels, mlrc_split(labels).test_classes).sum())
+    arrays = {"separated": np.ones((2, n_test, preset.embedding_size), dtype=np.float32)}
+    write_npz(tmp_path / "e.npz", **arrays, labels=labels[:n_test], roles=["all"] * n_test,
+              super_labels=None, best_epochs=np.ones(2))  # fmt: skip
+    emb = 3 * (tmp_path / "e.npz").stat().st_size
+    assert plan0.studies[0].disk_bytes == pytest.approx(emb, rel=0.05)  # resume: no checkpoint
     keep_best = plan_of(seeded, artifacts={"keep": "best"}).studies[0]
-    assert keep_best.disk_bytes == pytest.approx((3 + 1) * 2 * best, rel=0.05)  # reps + best trial
+    assert keep_best.disk_bytes == pytest.approx((3 + 1) * 2 * best + emb, rel=0.05)
     keep_all = plan_of(seeded, artifacts={"keep": "all"}).studies[0]
-    assert keep_all.disk_bytes == pytest.approx((3 + 3) * 2 * best * 4, rel=0.05)
+    assert keep_all.disk_bytes == pytest.approx((3 + 3) * 2 * best * 4 + emb, rel=0.05)
 
 
 def test_cli_plan_table_json_and_sources(seeded):
