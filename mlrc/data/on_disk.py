@@ -63,16 +63,20 @@ def _class_folders(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir() and not is_hidden([p.name]))
 
 
+def _class_images(folder: Path) -> list[str]:
+    """The images of a class folder, sorted by name; a folder without any is a DatasetError."""
+    images = list_images(folder)
+    if not images:
+        raise DatasetError(f"{folder}: class folder has no images ({', '.join(IMAGE_EXTENSIONS)})")
+    return [str(p) for p in images]
+
+
 def _from_class_folders(name: str, folders: list[Path]) -> ImageDataset:
     """One class per folder, in the given order; images sorted by name within each folder."""
     sources, labels = [], []
     for c, folder in enumerate(folders):
-        images = list_images(folder)
-        if not images:
-            raise DatasetError(
-                f"{folder}: class folder has no images ({', '.join(IMAGE_EXTENSIONS)})"
-            )
-        sources += [str(p) for p in images]
+        images = _class_images(folder)
+        sources += images
         labels += [c] * len(images)
     check_image_files(sources)
     return ImageDataset(name, sources, labels, [f.name for f in folders])
@@ -138,12 +142,8 @@ def _with_role_trees(plain: list[Path], trees: dict[str, Path]) -> ImageDataset:
     names = sorted(by_class)
     for c, name in enumerate(names):
         for folder, role in by_class[name]:
-            images = list_images(folder)
-            if not images:
-                raise DatasetError(
-                    f"{folder}: class folder has no images ({', '.join(IMAGE_EXTENSIONS)})"
-                )
-            sources += [str(p) for p in images]
+            images = _class_images(folder)
+            sources += images
             labels += [c] * len(images)
             roles += [role] * len(images)
     check_image_files(sources)
