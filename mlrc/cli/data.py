@@ -77,6 +77,23 @@ def _names(ds: data.ImageDataset, ids: tuple[int, ...], limit: int = 20) -> str:
     return names + (f", … ({len(ids) - limit} more)" if len(ids) > limit else "")
 
 
+def _roles_line(ds: data.ImageDataset) -> str | None:
+    """How a dataset with query/gallery roles or super-classes is tested (None: neither)."""
+    import numpy as np
+
+    parts = []
+    if getattr(ds, "roles", None) is not None:
+        roles = np.asarray(ds.roles)
+        n = {r: int((roles == r).sum()) for r in ("train", "query", "gallery")}
+        parts.append(
+            f"roles: {n['train']} train, {n['query']} query, {n['gallery']} gallery images "
+            "(tested query→gallery)"
+        )
+    if getattr(ds, "super_labels", None) is not None:
+        parts.append(f"{len(np.unique(ds.super_labels))} super-classes")
+    return "; ".join(parts) or None
+
+
 @data_app.command("summary")
 def data_summary(
     name: Annotated[str, typer.Argument(help="dataset name")] = "glyphs",
@@ -111,6 +128,8 @@ def data_summary(
         f"{counts.min()}–{counts.max()} images per class"
     )
     console.print(_cache_line(ds, p, preset), highlight=False, soft_wrap=True)
+    if (line := _roles_line(ds)) is not None:
+        console.print(line, highlight=False, soft_wrap=True)
     parts = _split(ds, split, folds, scheme)
     console.print(parts.summary(), highlight=False)
     if split is not None:  # the classes by name, per part

@@ -140,3 +140,10 @@ def test_the_report_names_the_protocol(tested):
     md = cli("report", "--storage", url).stdout
     assert "Retrieval query→gallery (inshop): each query image ranks the gallery images" in md
     assert "Retrieval all vs all" not in md
+
+
+def test_data_summary_counts_the_roles(tmp_path):
+    root = inshop_folder(tmp_path / "inshop")
+    out = cli("data", "summary", "inshop", "--root", root, "--preset", "cpu").stdout
+    # 16 items × 3 train images; 8 × (2 query + 3 gallery) and a distractor's 2 gallery images
+    assert "roles: 48 train, 16 query, 26 gallery images (tested query→gallery)" in out
