@@ -42,7 +42,9 @@ from mlrc.search.embeddings import file_fields
 from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending, interrupt_behind
 from mlrc.search.folds import FoldJob, run_fold
 from mlrc.search.session import StudySession
+from mlrc.store import embeddings as stored_embeddings
 from mlrc.store import results, trials
+from mlrc.store.embeddings import ALL_VS_ALL, QUERY_GALLERY
 from mlrc.train import View, embed, load_model
 from mlrc.train.setup import eval_inputs
 
@@ -85,6 +87,8 @@ def run_test(ctx: StudySession) -> list[str]:
     pending = [
         rep for rep in range(1, ctx.resolved.reproductions + 1) if not _tested(ctx, params, rep)
     ]
+    if pending:
+        _check_same_retrieval(ctx)
     # the untrained baseline's failure fails the first pending reproduction (at fold 0)
     with _recorded_on_exit(ctx, params, pending[0] if pending else None, [0], running=False):
         ensure_baseline(ctx)
@@ -94,6 +98,24 @@ def run_test(ctx: StudySession) -> list[str]:
         if problem:
             problems.append(problem)
     return problems
+
+
+def _check_same_retrieval(ctx: StudySession) -> None:
+    """A study's reproductions are all ranked one way: a :class:`StudyError` when those already
+    tested were ranked otherwise than the dataset now asks (an In-Shop study tested all vs all
+    by an mlrc before query/gallery roles, or a folder given a ``roles.csv`` since)."""
+    now = QUERY_GALLERY if getattr(ctx.dataset, "roles", None) is not None else ALL_VS_ALL
+    files = {f.reproduction: f.retrieval for f in stored_embeddings.embedding_files(
+        ctx.engine, ctx.study_id)}  # fmt: skip
+    tested = results.tested_reproductions(ctx.engine, ctx.study_id)
+    other = sorted(r for r in tested if files.get(r, ALL_VS_ALL) != now)
+    if other:
+        was = files.get(other[0], ALL_VS_ALL)
+        raise StudyError(
+            f"study {ctx.name!r}: reproductions {', '.join(map(str, other))} were tested {was}, "
+            f"but {ctx.dataset.name} is now tested {now} (its query/gallery roles): their "
+            "numbers cannot share an interval; start afresh with `mlrc study run --force-new`"
+        )
 
 
 def _tested(ctx: StudySession, params: dict[str, Any], rep: int) -> bool:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 import math
+import shutil
+import sqlite3
 import zlib
 from pathlib import Path
 
@@ -147,3 +149,26 @@ def test_data_summary_counts_the_roles(tmp_path):
     out = cli("data", "summary", "inshop", "--root", root, "--preset", "cpu").stdout
     # 16 items × 3 train images; 8 × (2 query + 3 gallery) and a distractor's 2 gallery images
     assert "roles: 48 train, 16 query, 26 gallery images (tested query→gallery)" in out
+
+
+def test_reproductions_tested_all_vs_all_are_not_mixed_with_query_to_gallery(tested, tmp_path):
+    """A study whose reproduction 1 was tested before roles (no embedding file: all vs all)
+    refuses to test more query→gallery, in one line, before any training."""
+    url0, art = tested
+    src = url0.removeprefix("sqlite:///")
+    for suffix in ("", "-wal", "-shm"):  # the store is in WAL mode
+        if Path(src + suffix).exists():
+            shutil.copy(src + suffix, f"{tmp_path / 'db.sqlite'}{suffix}")
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    with sqlite3.connect(tmp_path / "db.sqlite") as c:
+        c.execute("DELETE FROM mlrc_embedding_file WHERE reproduction = 1")
+    path = next(Path(src).parent.glob("shop.yaml"))
+    r = CliRunner().invoke(
+        app, ["study", "test", str(path), "--storage", url, "--artifacts", str(art),
+              "--reproductions", "3", "--quiet"],
+    )  # fmt: skip
+    assert r.exit_code != 0
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1, line
+    assert "reproductions 1 were tested all vs all" in line and "query→gallery" in line
+    assert len(rows(url, TestResult, reproduction=3)) == 0
