@@ -21,6 +21,23 @@ if TYPE_CHECKING:
 
 __all__ = ["metric_keys", "report"]
 
+ArchivedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--archived",
+        help="also the studies archived by --force-new (NAME.old-K) whose current study has "
+        "test results (always marked archived)",
+    ),
+]
+ReportMetricsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--metrics",
+        help="also these metrics, comma-separated (ndcg_at_k@10,mrr,…), computed from the "
+        "stored test embeddings without training where not stored yet (marked *)",
+    ),
+]
+
 
 def report(
     storage: StorageOpt = DEFAULT_STORAGE,
@@ -38,22 +55,8 @@ def report(
     standalone: Annotated[
         bool, typer.Option("--standalone", help="LaTeX: a complete document for pdflatex")
     ] = False,
-    archived: Annotated[
-        bool,
-        typer.Option(
-            "--archived",
-            help="also the studies archived by --force-new (NAME.old-K) whose current study has "
-            "test results (always marked archived)",
-        ),
-    ] = False,
-    metrics: Annotated[
-        str | None,
-        typer.Option(
-            "--metrics",
-            help="also these metrics, comma-separated (ndcg_at_k@10,mrr,…), computed from the "
-            "stored test embeddings without training where not stored yet (marked *)",
-        ),
-    ] = None,
+    archived: ArchivedOpt = False,
+    metrics: ReportMetricsOpt = None,
     artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
     device: DeviceOpt = "cpu",
 ) -> None:

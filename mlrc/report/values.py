@@ -7,24 +7,16 @@ the lines of :func:`traditional_metrics` instead. Reads the store through
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from mlrc.config.presets import is_traditional
+from mlrc.report.groups import Group, scope_groups
 from mlrc.report.legend import pruning_label, risk_text
 from mlrc.report.rescored import add_rescored
-from mlrc.report.scopes import (
-    comparison_key,
-    comparison_scope,
-    diff_text,
-    fields_text,
-    scope_differences,
-)
 from mlrc.store import METRIC_COLUMNS, NONFINITE, reads
 from mlrc.store import embeddings as stored_embeddings
-from mlrc.store.embeddings import ALL_VS_ALL
 from mlrc.store.provenance import compute_of
 
 if TYPE_CHECKING:
@@ -211,69 +203,9 @@ def _row_values(
 # --- protocol blocks ----------------------------------------------------------------------------
 
 
-@dataclass
-class _Group:
-    """The studies of one dataset under one protocol: a table block."""
-
-    dataset: str
-    key: str
-    protocol: dict
-    studies: list[StudyRecord] = field(default_factory=list)
-    fields: str = ""  # this protocol's differing fields, "" when the dataset has one protocol
-    diff: str = ""  # the dataset's differing fields, "" when it has one protocol
-    rank: tuple[int, int] = (0, 0)  # (dataset, protocol within the dataset) in table order
-    retrieval: str = ALL_VS_ALL  # how its test stage ranked: query→gallery or all vs all
-
-    @property
-    def traditional(self) -> bool:
-        """The protocol chooses the epoch on the test classes (:func:`is_traditional`)."""
-        return is_traditional(self.protocol)
-
-
-def _scope_groups(
-    ordered: list[StudyRecord], retrieval: dict[int, str] | None = None
-) -> list[_Group]:
-    """Per dataset, per protocol, a group of the studies (given in table order); datasets and
-    their protocols in the order of their first study, with their differing fields worded. The
-    fields are compared among the traditional protocols and among the others apart: a
-    traditional block is always a block of its own and leaves the others' headers as they were.
-    A study whose test stage ranked query→gallery (``retrieval``, by study id) is compared with
-    ``retrieval: query→gallery`` added to its protocol, so it never shares a block with one
-    ranked all vs all."""
-    by_dataset: dict[str, dict[str, _Group]] = {}
-    for st in ordered:
-        groups = by_dataset.setdefault(st.dataset, {})
-        how = (retrieval or {}).get(st.id, ALL_VS_ALL)
-        config = st.config if how == ALL_VS_ALL else {**(st.config or {}), "retrieval": how}
-        key = comparison_key(config)
-        group = _Group(st.dataset, key, comparison_scope(config), retrieval=how)
-        groups.setdefault(key, group).studies.append(st)
-    out = []
-    for d_rank, groups in enumerate(by_dataset.values()):
-        for g_rank, g in enumerate(groups.values()):
-            g.rank = (d_rank, g_rank)
-            out.append(g)
-        for traditional in (False, True):
-            _word_differences([g for g in groups.values() if g.traditional == traditional])
-    return out
-
-
-def _word_differences(groups: list[_Group]) -> None:
-    """Sets (in place) the differing fields of a dataset's ``groups`` when there are several."""
-    if len(groups) < 2:
-        return
-    diffs = scope_differences([g.protocol for g in groups])
-    for i, g in enumerate(groups):
-        g.fields = fields_text(diffs, i)
-        g.diff = diff_text(diffs)
-
-
-# --- rows ---------------------------------------------------------------------------------------
-
-
 def _study_rows(
     results: list[tuple[StudyRecord, TestResultRecord]],
-    group_of: dict[int, _Group],
+    group_of: dict[int, Group],
     rank: dict[str, int],
     meta: dict[int, dict[str, Any]],
 ) -> list[dict[str, Any]]:
@@ -305,7 +237,7 @@ def _study_rows(
 
 
 def _baseline_rows(
-    g: _Group, links: dict[int, str], baselines: dict[str, list[BaselineRecord]]
+    g: Group, links: dict[int, str], baselines: dict[str, list[BaselineRecord]]
 ) -> list[dict[str, Any]]:
     """One row per (baseline, mode, metric) for the baselines of the group's studies, labelled
     by the baseline's label (with its key's start where two baselines share one)."""
@@ -437,7 +369,7 @@ def _untrained(epochs: tuple[int, int] | None) -> bool:
 
 
 def _study_meta(
-    groups: list[_Group],
+    groups: list[Group],
     counts: tuple[dict[int, int], dict[int, int]],
     history: dict[int, list[Any]],
     threads: dict[int, list[int]],
@@ -497,7 +429,7 @@ def collect(
     data = reads.table_inputs(engine, names)
     found = {st.id: st for st, _ in data.results}
     retrieval = stored_embeddings.retrieval_of_studies(engine, list(found))
-    groups = _scope_groups(sorted(found.values(), key=lambda st: rank[st.name]), retrieval)
+    groups = scope_groups(sorted(found.values(), key=lambda st: rank[st.name]), retrieval)
     group_of = {st.id: g for g in groups for st in g.studies}
     counts = _trial_counts(data.trial_reasons, list(found))
     meta = _study_meta(
