@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/ruff format --check mlrc tests bench
 	$(BIN)/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(abspath $(VENV))/site
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check mlrc tests bench
