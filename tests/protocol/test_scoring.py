@@ -429,3 +429,20 @@ def test_metrics_are_hashable_and_equal_by_value():
     a, b = parse_metrics("recall_at_k@10,recall_at_k@5")
     assert a == parse_metrics("recall_at_k@10")[0] and a != b
     assert len({a, b, parse_metrics("recall_at_k@10")[0]}) == 2
+
+
+@pytest.mark.parametrize("layout", ["all_vs_all", "query_vs_reference", "ref_includes_query"])
+@pytest.mark.parametrize("data", sorted(SETS))
+def test_cuda_gives_the_cpu_numbers_exactly(layout, data):
+    """Every metric, ties included, the same on a GPU as on the CPU (the search ranks float64
+    distances on both); runs where a CUDA device is (GPU-only: skipped elsewhere)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine; the CPU path is tested against naive loops")
+    make, normalize = SETS[data]
+    x, y = make(300, 12, seed=5)
+    q, ql, r, rl, _ = layouts(x, y)[layout]
+    kw = {"ref_includes_query": layout == "ref_includes_query", "normalize": normalize}
+    cpu = score(ALL, q, ql, r, rl, **kw)
+    assert score(ALL, q, ql, r, rl, device="cuda", **kw) == cpu
