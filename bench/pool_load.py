@@ -471,6 +471,8 @@ def verify(r: Run) -> dict[str, Any]:
         return seen < 20 and any(ends_complete(n, seen + 1) for n in retries.get(number, []))
 
     failed = [t for t in ts if t.state == TrialState.FAIL]
+    # every parameter of the space: those of any complete trial (all of them are drawn there)
+    space = set().union(*(t.params for t in ts if t.state == TrialState.COMPLETE))
     killed = [n for k in r.kills for n in k["trials"]]
     values_match = all(
         abs(mlrc[t.number][3] - t.value) < 1e-12
@@ -495,9 +497,12 @@ def verify(r: Run) -> dict[str, Any]:
         "failed_not_interrupted": [
             t.number for t in failed if mlrc.get(t.number, ("?",))[0] != "interrupted"
         ],
+        # A claim that died while drawing (a lost connection mid-suggest, retried by asking
+        # again) is not retried with its partial draw: the next claim draws at its position.
         "failed_not_retried": [
-            t.number for t in failed if set(t.params) and not ends_complete(t.number)
+            t.number for t in failed if set(t.params) >= space and not ends_complete(t.number)
         ],
+        "failed_while_drawing": [t.number for t in failed if set(t.params) < space],
         "killed_trials": killed,
         "killed_not_interrupted_and_retried": [
             n
@@ -565,6 +570,7 @@ def figures(r: Run, f: dict[str, Any]) -> dict[str, Any]:
         "kills": len(r.kills),
         "killed_trials": len(f["killed_trials"]),
         "failed": f["failed"],
+        "failed_while_drawing": len(f["failed_while_drawing"]),
         "restart_down_s": r.restart["down_s"] if r.restart else None,
         "restart_recovery_s": r.restart["recovery_s"] if r.restart else None,
         "logs": r.logs,
@@ -596,7 +602,11 @@ def markdown(g: dict[str, Any], wrong: list[str], machine: str, command: str = "
         ),
         ("SIGKILLs (each worker replaced at once)", g["kills"]),
         ("trials left RUNNING by a kill", g["killed_trials"]),
-        ("Optuna FAIL trials (interrupted or lost, all retried)", g["failed"]),
+        ("Optuna FAIL trials (interrupted or lost: retried, or drawn again)", g["failed"]),
+        (
+            "… of which died while drawing (drawn again at their position)",
+            g["failed_while_drawing"],
+        ),
         ("database restart: down (stop -m fast, 2 s, start), s", _fmt(g["restart_down_s"], 1)),
         ("database restart: back up → next complete trial, s", _fmt(g["restart_recovery_s"], 1)),
         *[(f"worker logs: {k}", v) for k, v in g["logs"].items()],

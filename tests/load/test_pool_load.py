@@ -72,13 +72,14 @@ def test_pool_of_8_with_kills_and_a_database_restart(tmp_path, postgres_server):
 
 def _die_at_first(owner: type, method: str):
     """A hook: this process SIGKILLs itself as ``owner.method`` is first called (after the
-    call for ``ask``, which creates the trial; before it for ``record_heartbeat``)."""
+    call for ``ask``, which creates the trial, and ``_set_trial_param``, which records its first
+    parameter; before it for ``record_heartbeat``)."""
 
     def hook() -> None:
         original = getattr(owner, method)
 
         def dying(self, *args, **kwargs):
-            if method == "ask":
+            if method in ("ask", "_set_trial_param"):
                 original(self, *args, **kwargs)
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -98,7 +99,9 @@ def _wait(w, timeout: float) -> int:
 
 
 @pytest.mark.parametrize(
-    "where", ["after Optuna's ask", "before the first heartbeat"], ids=["ask", "heartbeat"]
+    "where",
+    ["after Optuna's ask", "after its first parameter", "before the first heartbeat"],
+    ids=["ask", "drawing", "heartbeat"],
 )
 def test_a_claim_killed_before_its_first_heartbeat_is_retried(tmp_path, postgres_server, where):
     """A worker killed between Optuna's ask and its trial's first heartbeat leaves a RUNNING
@@ -110,27 +113,34 @@ def test_a_claim_killed_before_its_first_heartbeat_is_retried(tmp_path, postgres
     url, name, args = bench.new_pool(postgres_server, tmp_path, trials=4, seed=3)
     if where == "after Optuna's ask":
         hook = _die_at_first(optuna.Study, "ask")
+    elif where == "after its first parameter":  # as a connection lost mid-draw, asked again
+        hook = _die_at_first(optuna.storages.RDBStorage, "_set_trial_param")
     else:
         hook = _die_at_first(optuna.storages.RDBStorage, "record_heartbeat")
     dying = bench.fork_worker(0, args, tmp_path, hook=hook)
     assert _wait(dying, 120) == -signal.SIGKILL, dying.output()
     dying.killed = True
     running = bench.running_by_pid(bench.conninfo(url)) or {}
-    after_ask = where == "after Optuna's ask"  # killed before the worker attribute was set
-    assert running.get(dying.pid, []) == ([] if after_ask else [0])
+    drawing = where != "before the first heartbeat"  # killed before the worker attribute
+    assert running.get(dying.pid, []) == ([] if drawing else [0])
     survivor = bench.fork_worker(1, args, tmp_path)
     assert _wait(survivor, 120) == 0, survivor.output()
     assert "trial 0 was claimed by a worker that stopped before its first heartbeat" in (
         survivor.output()
     )
     r = bench.Run(name, url, 2, 4, pool=[dying, survivor])
-    # all its parameters drawn: retried with them; none drawn: the next trial draws them again
-    # at the same sampler position, so no parameters are counted twice either way
-    r.kills = [{"pid": dying.pid, "at": 0, "trials": [] if after_ask else [0]}]
+    # all its parameters drawn: retried with them; some or none drawn: the next trial draws
+    # them again at the same sampler position, so no parameters are counted twice either way
+    r.kills = [{"pid": dying.pid, "at": 0, "trials": [] if drawing else [0]}]
     f = bench.verify(r)
     assert bench.problems(r, f) == []
     assert f["optuna_states"] == {"COMPLETE": 4, "FAIL": 1}
     assert f["failed_not_interrupted"] == []
+    assert f["failed_while_drawing"] == ([0] if drawing else [])
+    if where == "after its first parameter":  # the next claim, at position 0, draws them again
+        first, second = optuna.load_study(study_name=name, storage=url).get_trials()[:2]
+        assert 0 < len(first.params) < len(second.params)
+        assert {k: second.params[k] for k in first.params} == first.params
 
 
 def test_a_connection_lost_inside_optuna_storage_is_waited_out():
