@@ -8,7 +8,8 @@ code it follows and what it chose where paper and code disagree.
 
 Conventions, shared with :mod:`mlrc.protocol.metrics` and :mod:`mlrc.protocol.knn`:
 
-- inputs are numpy arrays or torch tensors, embeddings (n × d) and integer labels (n,);
+- inputs are numpy arrays or torch tensors, embeddings (n × d) and integer labels (n,): labels
+  that are not whole numbers are refused in one line (``metrics.integer_labels``);
 - ``normalize=True`` L2-normalises the embeddings first (in float64). The Revisiting code computes
   every metric on the model's output, which its architectures L2-normalise, so ``True`` reproduces
   it for raw embeddings;
@@ -41,6 +42,7 @@ from mlrc.protocol.knn import (
     full_fp32_matmul,
     to_tensor,
 )
+from mlrc.protocol.metrics import integer_labels
 
 # Bytes of one working block (float32 similarities, or float64 candidate vectors) at a time.
 BLOCK_BYTES = 256 * 2**20
@@ -224,7 +226,7 @@ def embedding_density(
     π_inter = Σ_l ‖μ̂_l − mean(μ̂)‖² / (C − 1), both in float64.
     """
     x = to_tensor(embeddings, "cpu").double()
-    y = to_tensor(labels, "cpu").long().reshape(-1)
+    y = to_tensor(integer_labels(labels), "cpu")  # 0.01 … 0.04 are not one class: refused
     check_embeddings(x, y)
     norms = x.norm(dim=1, keepdim=True)
     if bool((norms == 0).any()):
@@ -370,7 +372,7 @@ def _prepare(
     """(float32, float64, labels) on one device; rows L2-normalised in float64 if asked."""
     x = to_tensor(embeddings, device)
     x64 = x.double()
-    y = to_tensor(labels, x64.device).long().reshape(-1)
+    y = to_tensor(integer_labels(labels), x64.device)  # 0.01 … 0.04 are not one class: refused
     check_embeddings(x64, y)
     if x64.shape[0] < 2:
         raise ValueError("need at least two items: a query needs another item to rank")

@@ -369,3 +369,24 @@ def test_map_blocks_agree(monkeypatch):
     whole = map_at_1000(x, y)
     monkeypatch.setattr(A, "BLOCK_BYTES", 8 * len(x) * 97)  # 97 queries per block
     assert map_at_1000(x, y) == pytest.approx(whole, abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    "metric",
+    [
+        lambda x, y: recall_at_k(x, y, (1, 2)),
+        map_at_1000,
+        nmi,
+        embedding_density,
+        pi_ratio,
+        analysis_metrics,
+    ],
+    ids=["recall_at_k", "map_at_1000", "nmi", "embedding_density", "pi_ratio", "all"],
+)
+def test_labels_that_are_not_whole_numbers_are_refused_and_whole_floats_are_classes(metric):
+    """Labels 0.01 … 0.04 used to be cast to one class (0) silently; whole-number floats
+    (``2.0``) are class ids and give the same value as the integer labels."""
+    x, y = clustered(4, 8, 3, singletons=0)
+    with pytest.raises(ValueError, match=r"^labels must be integer class ids, got 0\.\d+ "):
+        metric(x, (y + 1) / 100.0)
+    assert metric(x, y.astype(np.float64)) == metric(x, y)
