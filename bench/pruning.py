@@ -1,26 +1,29 @@
 """The pruning corpus and the rules tuned on it (issue #25).
 
-    .venv/bin/python bench/pruning.py corpus [--trials 20] [--storage URL] [--dataset ZIP]
+    .venv/bin/python bench/pruning.py corpus [--trials 50] [--storage URL] [--dataset ZIP]
     .venv/bin/python bench/pruning.py tune [--corpus bench/corpus/cpu-omniglot-glyphs.json.gz]
-    .venv/bin/python bench/pruning.py where [--corpus …]
-    .venv/bin/python bench/pruning.py explore [--corpus …]
+    .venv/bin/python bench/pruning.py where [--corpus …] [--trials N]
+    .venv/bin/python bench/pruning.py explore [--corpus …] [--trials N]
 
 ``corpus`` runs complete, unpruned cpu-preset studies — losses contrastive, multi_similarity
 and ntxent × datasets Omniglot (the subset zip, $MLRC_OMNIGLOT_ZIP or --dataset) and glyphs
 (built in), ``--trials`` each (GP sampler, seed 0, one thread per fold, two studies at a time)
-— into one SQLite store (``--storage`` to reuse one), then writes their curves to
+— into one SQLite store (``--storage`` to reuse one: a store of shorter studies grows to
+``--trials``, the trials it has kept), then writes their curves to
 ``bench/corpus/cpu-omniglot-glyphs.json.gz`` (:func:`mlrc.search.replay.write_corpus`) with the
 machine, the date, the git commit and this command.
 
 ``tune`` replays the corpus under a grid of rules (pruner none | median | wilcoxon, × in-fold
-stop off | gain with quantile, slack and startup), and for each rule reports the fold-epochs
-spent (a fraction of the unpruned studies', pooled), the studies whose full-protocol choice is
-pruned, and the mean regret (validation MAP@R points). The recommended rule is the cheapest
-whose choice is never pruned and whose mean regret is ≤ 0.2 points; it is also checked
-leaving one study out: the rule is picked on the other studies and replayed on the one left
-out, for each study in turn. Writes ``bench/results/pruning.csv``,
-``mlrc/resources/pruning_risk.json`` (the measured risk a study stores with itself) and a
-markdown table on stdout (docs/guide/performance.md quotes it).
+stop off | gain with quantile, slack, fold slack and future), on each study's first 20, 30, 40
+and 50 trials (the studies a smaller budget with the same sampler and seed runs), and for each
+rule and length reports the fold-epochs spent (a fraction of the unpruned studies', pooled),
+the studies whose full-protocol choice is pruned, and the mean regret (validation MAP@R points).
+The recommended rule is the cheapest at 50 trials of those that, at every length, never prune
+the full protocol's choice with a mean regret ≤ 0.2 points; the tuning is also checked leaving
+one study out: the rule is picked on the other studies and replayed on the one left out, for
+each study in turn. Writes ``bench/results/pruning.csv``, ``mlrc/resources/pruning_risk.json``
+(the measured risk a study stores with itself, by length) and markdown tables on stdout
+(docs/guide/performance.md quotes them).
 
 ``where`` says where the fold-epochs go under the recommended rules (the full choice, the other
 trials that complete, trials pruned between folds, trials whose fold was stopped) and what any
@@ -30,14 +33,15 @@ for them completes them), plus k fold-epochs for each other trial.
 ``explore`` replays a rule that is not (yet) a ``search.stop`` rule, through
 :func:`mlrc.search.replay.replay`'s ``stop_with``: ``rank`` — at each rung epoch r of the folds
 it applies to, a fold whose best so far is below the k-th best of the same fold's complete
-curves at epoch r (earlier trials) stops; elsewhere the recommended gain rule decides — over a
-grid of rungs, k, folds and slack, with the same pick and leave-one-study-out as ``tune``
+curves at epoch r (earlier trials) stops; elsewhere the gain rule decides — over a grid of
+rungs, k, folds and slack, with the same pick and leave-one-study-out as ``tune`` at one length
 (nothing written but stdout).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import itertools
 import json
@@ -46,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +69,9 @@ from mlrc.search.pruning import RISK_TABLE, Rules  # noqa: E402
 CORPUS = BENCH / "corpus" / "cpu-omniglot-glyphs.json.gz"
 LOSSES = ("contrastive", "multi_similarity", "ntxent")
 GOAL_FRACTION, GOAL_REGRET = 0.3, 0.002  # issue #25: ≤ 0.3 × fold-epochs, regret ≤ 0.2 points
+LENGTHS = (20, 30, 40, 50)  # the corpus replayed on its studies' first N trials (50: all)
+# the rules recommended on the 20-trial corpus before (wilcoxon, gain without a fold slack)
+BEFORE = Rules("wilcoxon", prune_p=0.3, stop=StopSpec(fold_slack=0.0))
 
 
 def study_docs(trials: int, dataset: Path | None) -> list[dict]:
@@ -118,12 +126,49 @@ def run_corpus(a: argparse.Namespace) -> None:
 def grid() -> list[Rules]:
     pruners = [Rules(), Rules("median", 5), Rules("wilcoxon", prune_p=0.3)]
     stops = [None] + [
-        StopSpec(quantile=q, slack=s, startup=n, future=f)
-        for q, s, n, f in itertools.product(
-            (0.5, 0.75, 0.9, 1.0), (0.0, 0.01, 0.02, 0.05), (1, 2, 3), ("incumbent", "best")
+        StopSpec(quantile=q, slack=s, fold_slack=e, startup=1, future=f)
+        for q, s, e, f in itertools.product(
+            (0.75, 0.9, 1.0),
+            (0.0, 0.01, 0.02, 0.04),
+            (0.0, 0.01, 0.02, 0.04, 0.06),
+            ("incumbent", "best"),
         )
     ]
     return [Rules(p.pruner, p.prune_startup, p.prune_p, stop) for p in pruners for stop in stops]
+
+
+def first(study: rp.RecordedStudy, n: int) -> rp.RecordedStudy:
+    """``study`` as if its search had stopped after ``n`` trials (its first ``n``: the same
+    trials a study of budget ``n`` with the same sampler and seed runs)."""
+    return dataclasses.replace(study, trials=study.trials[:n])
+
+
+def _replay_one(job: tuple) -> tuple[int, str, dict[str, rp.ReplayResult]]:
+    n, rules, studies, stop_with = job
+    label = rules.label() if stop_with is None else stop_with[0]
+    make = None if stop_with is None else rank_rule(*stop_with[1])
+    return n, label, {s.name: rp.replay(first(s, n), rules, make) for s in studies}
+
+
+def replay_grid(
+    rules: list[Rules],
+    studies: list[rp.RecordedStudy],
+    lengths: tuple[int, ...],
+    jobs: int,
+    rank: list[tuple[str, tuple]] | None = None,
+) -> dict[int, dict[str, dict[str, rp.ReplayResult]]]:
+    """length → rule label → study → its replay on the study's first ``length`` trials, in
+    ``jobs`` processes; ``rank``: (label, rank_rule's arguments) replayed with ``rules[i]``."""
+    todo = [
+        (n, r, studies, None if rank is None else rank[i])
+        for n in lengths
+        for i, r in enumerate(rules)
+    ]
+    out: dict[int, dict[str, dict[str, rp.ReplayResult]]] = {n: {} for n in lengths}
+    with ProcessPoolExecutor(jobs) as ex:
+        for n, label, by in ex.map(_replay_one, todo, chunksize=4):
+            out[n][label] = by
+    return out
 
 
 def figures(results: list[rp.ReplayResult]) -> dict:
@@ -142,95 +187,150 @@ def acceptable(f: dict) -> bool:
     return f["choice_pruned"] == 0 and f["mean_regret"] <= GOAL_REGRET
 
 
-def pick(table: dict[str, dict]) -> str | None:
-    """The cheapest acceptable rule of ``table`` (label → figures); ties: the first."""
+def pick(tables: dict[int, dict[str, dict]]) -> str | None:
+    """The cheapest rule, at the longest length, of those acceptable at every length of
+    ``tables`` (length → label → figures): a rule must keep the full protocol's choice of the
+    studies searched for 20, 30, … trials alike (their first trials); ties: the first."""
+    longest = max(tables)
     ok = [
         (f["fold_epochs_fraction"], i, label)
-        for i, (label, f) in enumerate(table.items())
-        if acceptable(f)
+        for i, (label, f) in enumerate(tables[longest].items())
+        if all(acceptable(tables[n][label]) for n in tables)
     ]
     return min(ok)[2] if ok else None
 
 
 def tune(a: argparse.Namespace) -> None:
     about, studies = rp.read_corpus(a.corpus)
+    lengths = tuple(n for n in LENGTHS if n <= about.get("trials", max(LENGTHS)))
     rules = grid()
-    replays = {r.label(): {s.name: rp.replay(s, r) for s in studies} for r in rules}
-    table = {label: figures(list(by.values())) for label, by in replays.items()}
-    best = pick(table)
+    if BEFORE.label() not in {r.label() for r in rules}:
+        rules.append(BEFORE)
+    replays = replay_grid(rules, studies, lengths, a.jobs)
+    longest = lengths[-1]  # the rule is picked on whole studies (the protocol's 50 trials)
+    tables = {n: {lb: figures(list(by.values())) for lb, by in replays[n].items()} for n in lengths}
+    best = pick(tables)
     loo = leave_one_out(replays, [s.name for s in studies])
-    rows = [{"rules": label, **f, "recommended": label == best} for label, f in table.items()]
+    rows = [
+        {"trials": n, "rules": lb, **f, "recommended": lb == best}
+        for n in lengths
+        for lb, f in tables[n].items()
+    ]
     df = pd.DataFrame(rows)
     print(f"wrote {write_csv(df, 'pruning')}")
     risk = {
         "corpus": f"bench/corpus/{a.corpus.name}",
         "about": about,
-        "rules": {label: f for label, f in table.items()},
+        "lengths": list(lengths),
         "recommended": best,
+        "rules": {
+            lb: {
+                "by_length": {
+                    str(n): {**tables[n][lb], **({"leave_one_out": loo[n]} if lb == best else {})}
+                    for n in lengths
+                }
+            }
+            for lb in tables[longest]
+        },
     }
-    if best is not None:
-        risk["rules"][best] = {**table[best], "leave_one_out": loo}
-    for label, f in table.items():  # every rule: its figures, the tuned one with its LOO too
-        risk["rules"][label] = risk["rules"].get(label, f)
     out = Path(__file__).resolve().parent.parent / "mlrc" / "resources" / RISK_TABLE
     out.write_text(json.dumps(risk, indent=1, sort_keys=True) + "\n")
     print(f"wrote {out}")
-    show(df, best, loo, about, studies, replays)
+    show(tables, best, loo, about, studies, replays, lengths)
 
 
-def leave_one_out(replays: dict[str, dict[str, rp.ReplayResult]], names: list[str]) -> dict:
-    """The tuning checked on studies it did not see: for each study, the rule picked on the
-    others, replayed on it; pooled like :func:`figures`, with each pick."""
-    held: list[rp.ReplayResult] = []
+def leave_one_out(
+    replays: dict[int, dict[str, dict[str, rp.ReplayResult]]], names: list[str]
+) -> dict[int, dict]:
+    """The tuning checked on studies it did not see: for each study, the rule :func:`pick`
+    picks on the others, replayed on it (no pruner where no rule is acceptable on the others:
+    the study is then searched in full); length → figures pooled like :func:`figures`, with
+    each pick."""
+    held: dict[int, list[rp.ReplayResult]] = {n: [] for n in replays}
     picks = {}
     for name in names:
-        others = {
-            label: figures([r for n, r in by.items() if n != name]) for label, by in replays.items()
-        }
-        label = pick(others) or Rules().label()
-        picks[name] = label
-        held.append(replays[label][name])
-    return {**figures(held), "picks": picks}
-
-
-def show(df, best, loo, about, studies, replays) -> None:
-    print(f"\ncorpus: {len(studies)} studies, {about.get('machine')}, {about.get('date')}")
-    cols = ["rules", "fold_epochs_fraction", "choice_pruned", "mean_regret"]
-    top = df[
-        df["rules"].isin(
-            [Rules().label(), Rules("median", 5).label(), Rules("wilcoxon", prune_p=0.3).label()]
+        label = pick(
+            {
+                n: {lb: figures([r for s, r in by.items() if s != name]) for lb, by in rs.items()}
+                for n, rs in replays.items()
+            }
         )
-    ]
-    ok = df[df.apply(lambda r: acceptable(r.to_dict()), axis=1)].nsmallest(
-        8, "fold_epochs_fraction"
+        picks[name] = label or Rules().label()
+        for n, rs in replays.items():
+            r = rs[label][name] if label else unpruned(next(iter(rs.values()))[name])
+            held[n].append(r)
+    return {n: {**figures(h), "picks": picks} for n, h in held.items()}
+
+
+def unpruned(r: rp.ReplayResult) -> rp.ReplayResult:
+    """What searching ``r``'s study in full spends and picks."""
+    return dataclasses.replace(
+        r, fold_epochs=r.full_fold_epochs, choice=r.full_choice, same_choice=True, regret=0.0
     )
-    for title, part in (("pruners alone", top), ("cheapest acceptable rules", ok)):
-        print(f"\n{title}:\n")
-        print("| rules | fold-epochs × unpruned | choice pruned | mean regret (MAP@R points) |")
-        print("|---|--:|--:|--:|")
-        for r in part[cols].to_dict("records"):
-            print(
-                f"| {r['rules']} | {r['fold_epochs_fraction']:.2f} | {r['choice_pruned']} of "
-                f"{len(studies)} | {100 * r['mean_regret']:.2f} |"
-            )
-    if best is not None:
-        print(f"\nrecommended: {best}")
-        print("\nper study:\n\n| study | fold-epochs × unpruned | same choice | regret (points) |")
-        print("|---|--:|:-:|--:|")
-        for name, r in replays[best].items():
-            print(
-                f"| {name} | {r.fold_epochs_fraction:.2f} | {'yes' if r.same_choice else 'no'} | {100 * r.regret:.2f} |"
-            )
+
+
+def table(rows: list[tuple[str, dict]], n_studies: int, lost: dict | None = None) -> None:
+    """A markdown table of rules' figures; ``lost``: label → choices lost at each length."""
+    extra = " choice pruned at 20, 30, … trials |" if lost else ""
+    print(f"| rules | fold-epochs × unpruned | choice pruned | mean regret (points) |{extra}")
+    print("|---|--:|--:|--:|" + ("--:|" if lost else ""))
+    for label, f in rows:
+        more = f" {', '.join(map(str, lost[label]))} |" if lost else ""
         print(
-            f"\nleave one study out: {loo['fold_epochs_fraction']:.2f}× fold-epochs, choice "
-            f"pruned in {loo['choice_pruned']} of {loo['studies']}, mean regret "
-            f"{100 * loo['mean_regret']:.2f} points; picks: {json.dumps(loo['picks'])}"
+            f"| {label} | {f['fold_epochs_fraction']:.2f} | {f['choice_pruned']} of "
+            f"{n_studies} | {100 * f['mean_regret']:.2f} |{more}"
         )
+
+
+def show(tables, best, loo, about, studies, replays, lengths) -> None:
+    n_st, longest = len(studies), lengths[-1]
+    print(f"\ncorpus: {n_st} studies, {about.get('machine')}, {about.get('date')}")
+    t = tables[longest]
+    plain = [Rules().label(), Rules("median", 5).label(), Rules("wilcoxon", prune_p=0.3).label()]
+    print(f"\npruners alone ({longest} trials):\n")
+    table([(lb, t[lb]) for lb in plain], n_st)
+    print(f"\nthe cheapest rules by the number of choices they lose ({longest} trials):\n")
+    per = {lb: [tables[n][lb]["choice_pruned"] for n in lengths] for lb in t}
+    for lost in range(4):
+        ok = sorted(
+            (f["fold_epochs_fraction"], lb) for lb, f in t.items() if f["choice_pruned"] == lost
+        )[:3]
+        table([(lb, t[lb]) for _, lb in ok], n_st, per)
+    for label, what in ((best, "recommended"), (BEFORE.label(), "recommended before")):
+        if label is None:
+            continue
+        print(f"\n{what}: {label}, by study length (the studies' first N trials):\n")
+        print("| trials | fold-epochs × unpruned | choice pruned | mean regret (points) |")
+        print("|--:|--:|--:|--:|")
+        for n in lengths:
+            f = tables[n][label]
+            print(
+                f"| {n} | {f['fold_epochs_fraction']:.2f} | {f['choice_pruned']} of {n_st} | "
+                f"{100 * f['mean_regret']:.2f} |"
+            )
+    print("\nthe tuning, leaving one study out (picked on the others, replayed on it):\n")
+    print("| trials | fold-epochs × unpruned | choice pruned | mean regret (points) |")
+    print("|--:|--:|--:|--:|")
+    for n in lengths:
+        lo = loo[n]
+        print(
+            f"| {n} | {lo['fold_epochs_fraction']:.2f} | {lo['choice_pruned']} of {n_st} | "
+            f"{100 * lo['mean_regret']:.2f} |"
+        )
+    if best is None:
+        print(f"\nno rule keeps every choice at {longest} trials")
+        return
+    print("\nper study:\n\n| study | fold-epochs × unpruned | same choice | regret (points) |")
+    print("|---|--:|:-:|--:|")
+    for name, r in replays[longest][best].items():
+        same = "yes" if r.same_choice else "no"
+        print(f"| {name} | {r.fold_epochs_fraction:.2f} | {same} | {100 * r.regret:.2f} |")
+    print(f"\nleave one study out, the picks: {json.dumps(loo[longest]['picks'], indent=1)}")
 
 
 def recommended() -> Rules:
-    """The rules ``tune`` recommends (wilcoxon, p 0.3, with ``search.stop``'s defaults)."""
-    return Rules("wilcoxon", prune_p=0.3, stop=StopSpec())
+    """The rules ``tune`` recommends (no pruner between folds, ``search.stop``'s defaults)."""
+    return Rules(stop=StopSpec())
 
 
 def records(study: rp.RecordedStudy) -> set[int]:
@@ -245,6 +345,7 @@ def records(study: rp.RecordedStudy) -> set[int]:
 def where(a: argparse.Namespace) -> None:
     """Where the fold-epochs go under the recommended rules, and what any rule must spend."""
     _, studies = rp.read_corpus(a.corpus)
+    studies = [first(s, a.trials) for s in studies]
     full = spent = 0
     parts = dict.fromkeys(("full choice", "other complete", "pruned between folds", "stopped"), 0)
     floor, must = dict.fromkeys((1, 2, 3, 4), 0), 0
@@ -341,39 +442,38 @@ def rank_rule(rungs: tuple[int, ...], k: int, folds: tuple[int, ...] | None) -> 
 def explore(a: argparse.Namespace) -> None:
     """The rank rule over a grid, in sample and leaving one study out (see the module doc)."""
     about, studies = rp.read_corpus(a.corpus)
-    replays: dict[str, dict[str, rp.ReplayResult]] = {}
+    rules = [Rules()]  # no pruner: the fallback where nothing is acceptable
+    rank: list[tuple[str, tuple]] = [(Rules().label(), ((), 1, None))]
     rungs_grid = ((), (2,), (3,), (4,), (2, 4), (3, 6), (2, 4, 8), (3, 6, 9))
     for rungs, k, folds, slack in itertools.product(
-        rungs_grid, (1, 2, 3), ((0,), None), (0.02, 0.05)
+        rungs_grid, (1, 2, 3), ((0,), None), (0.02, 0.04)
     ):
         if not rungs and (k, folds) != (1, None):
             continue  # no rung: the gain rule alone, once per slack
-        rules = Rules("wilcoxon", prune_p=0.3, stop=StopSpec(slack=slack))
-        label = rules.label() + (
+        base = Rules(stop=StopSpec(slack=slack, fold_slack=slack))
+        label = base.label() + (
             f" + rank(rungs={','.join(map(str, rungs))}, k={k}, "
             f"folds={'all' if folds is None else ','.join(map(str, folds))})"
             if rungs
             else ""
         )
-        make = rank_rule(rungs, k, folds) if rungs else None
-        replays[label] = {s.name: rp.replay(s, rules, make) for s in studies}
-    table = {label: figures(list(by.values())) for label, by in replays.items()}
-    loo = leave_one_out(replays, [s.name for s in studies])
+        rules.append(base)
+        rank.append((label, (rungs, k, folds)))  # no rung: the gain rule alone
+    replays = replay_grid(rules, studies, (a.trials,), a.jobs, rank)
+    table_ = {label: figures(list(by.values())) for label, by in replays[a.trials].items()}
+    loo = leave_one_out(replays, [s.name for s in studies])[a.trials]
     print(
-        f"\ncorpus: {len(studies)} studies, {about.get('date')}; the cheapest rules by the "
-        "number of studies whose full-protocol choice they lose:\n"
+        f"\ncorpus: {len(studies)} studies, first {a.trials} trials, {about.get('date')}; the "
+        "cheapest rules by the number of studies whose full-protocol choice they lose:\n"
     )
-    print("| rules | fold-epochs × unpruned | choice pruned | mean regret (points) |")
-    print("|---|--:|--:|--:|")
-    for lost in range(3):
-        rows = sorted(
-            (f["fold_epochs_fraction"], lb) for lb, f in table.items() if f["choice_pruned"] == lost
+    for lost in range(len(studies) + 1):
+        ok = sorted(
+            (f["fold_epochs_fraction"], lb)
+            for lb, f in table_.items()
+            if f["choice_pruned"] == lost
         )[:3]
-        for frac, lb in rows:
-            f = table[lb]
-            print(
-                f"| {lb} | {frac:.2f} | {lost} of {len(studies)} | {100 * f['mean_regret']:.2f} |"
-            )
+        if ok:
+            table([(lb, table_[lb]) for _, lb in ok], len(studies))
     print(
         f"\nleave one study out: {loo['fold_epochs_fraction']:.2f}× fold-epochs, choice "
         f"pruned in {loo['choice_pruned']} of {loo['studies']}, mean regret "
@@ -385,14 +485,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("corpus", help="run the corpus studies and write the corpus file")
-    c.add_argument("--trials", type=int, default=20)
+    c.add_argument("--trials", type=int, default=50)
     c.add_argument("--storage", default=None, help="a store to run in (or reuse)")
     c.add_argument("--dataset", type=Path, default=os.environ.get("MLRC_OMNIGLOT_ZIP") or None)
     c.add_argument("--out", type=Path, default=CORPUS)
     t = sub.add_parser("tune", help="replay the corpus under a grid of rules")
     t.add_argument("--corpus", type=Path, default=CORPUS)
+    t.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="replay processes")
     for cmd, what in (("where", "where the fold-epochs go"), ("explore", "the rank rule")):
-        sub.add_parser(cmd, help=what).add_argument("--corpus", type=Path, default=CORPUS)
+        w = sub.add_parser(cmd, help=what)
+        w.add_argument("--corpus", type=Path, default=CORPUS)
+        w.add_argument("--trials", type=int, default=max(LENGTHS), help="each study's first N")
+        w.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="replay processes")
     a = ap.parse_args()
     {"corpus": run_corpus, "tune": tune, "where": where, "explore": explore}[a.cmd](a)
 

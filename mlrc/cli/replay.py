@@ -27,7 +27,10 @@ def replay(
     ] = "none",
     stop: Annotated[
         str,
-        typer.Option("--stop", help="none or gain[:quantile=Q,slack=S,startup=N] (inside a fold)"),
+        typer.Option(
+            "--stop",
+            help="none or gain[:quantile=Q,slack=S,fold_slack=E,startup=N,future=F] (inside a fold)",
+        ),
     ] = "none",
     storage: StorageOpt = DEFAULT_STORAGE,
     corpus: Annotated[

@@ -112,6 +112,13 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     # warm starts (#25): like ``search.enqueue``, part of the identity (they decide which
     # parameters are tried); left out where unset, as studies before them
     **{(part, "search", "warm_start"): None for part in ("study", "preset")},
+    # search.stop's slack on the fold that trains (#25, the 50-trial corpus): 0 is the rule
+    # before it; the default is not, so a study stopped by the older rule is not resumed by
+    # the newer one unless its file says fold_slack: 0
+    **{
+        (*part, "stop", "fold_slack"): 0.0
+        for part in ((), ("study", "search"), ("preset", "search"))
+    },
 }
 
 

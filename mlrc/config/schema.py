@@ -195,13 +195,16 @@ class StopSpec(Strict):
     (:mod:`mlrc.protocol.stopping`); the trial is then pruned. ``quantile`` of the later gains
     seen in the study's complete folds (1: the largest), ``slack``: how far (MAP@R, a fraction)
     a fold not yet started may beat the incumbent's (``future: incumbent``) or the best value
-    any trial reached on it (``future: best``), ``startup``: complete trials before any stop."""
+    any trial reached on it (``future: best``), ``fold_slack``: how far the fold that trains
+    may end above its best so far plus the later gain, ``startup``: complete trials before any
+    stop."""
 
     # the defaults: the cheapest rule that kept the full protocol's choice in every study of the
-    # committed corpus (bench/pruning.py tune; docs/guide/performance.md)
+    # committed corpus at the protocol's 50 trials (bench/pruning.py tune; performance.md)
     rule: Literal["gain"] = "gain"
     quantile: float = Field(1.0, gt=0, le=1)
-    slack: float = Field(0.02, ge=0, le=1)
+    slack: float = Field(0.01, ge=0, le=1)
+    fold_slack: float = Field(0.04, ge=0, le=1)
     startup: int = Field(1, ge=1)
     # a fold not started may reach the incumbent's value on it, or the best any trial reached
     future: Literal["incumbent", "best"] = "best"

@@ -2,12 +2,12 @@
 
 A trial's value is the mean of its fold values, v̄ = (1/n) Σ_j v_j (MLRC §1.6). While fold k
 trains, its best validation value so far b(e) (trained epochs ≤ e, the objective's rule) is a
-lower bound of its final value v_k; an upper bound is b(e) + G(e), where G(e) is the later gain
-seen at epoch e in the study's complete folds: G(e) = quantile_q over curves of
-(final value − best value up to e). The trial can still beat the incumbent I (the best complete
-trial, fold values I_j) only if
+lower bound of its final value v_k; an upper bound is b(e) + G(e) + ε, where G(e) is the later
+gain seen at epoch e in the study's complete folds: G(e) = quantile_q over curves of
+(final value − best value up to e), and ε (``fold_slack``) how far a fold may end above that.
+The trial can still beat the incumbent I (the best complete trial, fold values I_j) only if
 
-    Σ_{j done} (v_j − I_j) + (b(e) + G(e) − I_k) + Σ_{j not started} (A_j − I_j) ≥ 0,
+    Σ_{j done} (v_j − I_j) + (b(e) + G(e) + ε − I_k) + Σ_{j not started} (A_j − I_j) ≥ 0,
 
 with A_j, what a fold not started may reach, the incumbent's I_j + ``slack`` (``future:
 incumbent``) or the best value any complete trial reached on fold j + ``slack`` (``future:
@@ -69,6 +69,7 @@ class FoldStop:
     done: Mapping[int, float]  # fold index → value, folds of this trial already complete
     incumbent: Incumbent
     gains: Mapping[int, float]  # epoch → G(e)
+    fold_slack: float = 0.0  # ε: how far the fold may end above b(e) + G(e)
 
     def margin(self, epoch: int, best: float) -> float | None:
         """The left-hand side of the rule at ``epoch`` with best value so far ``best``; None
@@ -77,7 +78,7 @@ class FoldStop:
             return None
         inc = self.incumbent.folds
         done = sum(v - inc[j] for j, v in self.done.items())
-        return done + best + self.gains[epoch] - inc[self.fold] + self.ahead
+        return done + best + self.gains[epoch] + self.fold_slack - inc[self.fold] + self.ahead
 
     def reason(self, epoch: int, best: float) -> str | None:
         """Why the fold stops at ``epoch`` (one line), or None to go on."""
@@ -87,6 +88,7 @@ class FoldStop:
         i = self.incumbent
         return (
             f"stopped at epoch {epoch} of fold {self.fold}: best {best:.4f} + later gain "
-            f"{self.gains[epoch]:.4f} cannot lift the trial to trial {i.number}'s "
+            f"{self.gains[epoch]:.4f}{f' + slack {self.fold_slack:g}' if self.fold_slack else ''}"
+            f" cannot lift the trial to trial {i.number}'s "
             f"{i.value:.4f} (search.stop)"
         )

@@ -91,9 +91,10 @@ def risk_text(risk: dict | None) -> str:
             "risk not measured on the corpus (measure it with `mlrc replay --corpus "
             "bench/corpus/FILE --pruner … --stop …`)"
         )
-    n = risk["studies"]
+    n, length = risk["studies"], risk.get("trials")
     text = (
-        f"on the corpus ({n} studies): {risk['fold_epochs_fraction']:.2f}× the fold-epochs, "
+        f"on the corpus ({n} studies{f', first {length} trials' if length else ''}): "
+        f"{risk['fold_epochs_fraction']:.2f}× the fold-epochs, "
         f"the full protocol's choice pruned in {risk['choice_pruned']} of {n}, mean regret "
         f"{100 * risk['mean_regret']:.2f} MAP@R points"
     )
@@ -102,6 +103,11 @@ def risk_text(risk: dict | None) -> str:
         text += (
             f"; tuned leaving each study out: {loo['fold_epochs_fraction']:.2f}×, choice pruned "
             f"in {loo['choice_pruned']} of {n}, mean regret {100 * loo['mean_regret']:.2f} points"
+        )
+    if length and risk.get("study_trials", 0) > length:
+        text += (
+            f"; this search has {risk['study_trials']} trials, more than the corpus's: on the "
+            "corpus the risk grew with the number of trials"
         )
     return text
 

@@ -71,7 +71,11 @@ class Rules:
         if self.stop is not None:
             s = self.stop
             future = ", future=best" if s.future == "best" else ""
-            out += f" + stop gain(q={s.quantile:g}, slack={s.slack:g}, startup={s.startup}{future})"
+            fold = f", fold slack={s.fold_slack:g}" if s.fold_slack else ""
+            out += (
+                f" + stop gain(q={s.quantile:g}, slack={s.slack:g}{fold}, startup={s.startup}"
+                f"{future})"
+            )
         return out
 
     @classmethod
@@ -83,23 +87,27 @@ class Rules:
 RISK_TABLE = "pruning_risk.json"  # in mlrc/resources, written by bench/pruning.py
 
 
-def measured_risk(r: ResolvedStudy) -> dict[str, Any] | None:
+def measured_risk(r: ResolvedStudy, trials: int | None = None) -> dict[str, Any] | None:
     """The replay figures of the study's rules on the committed corpus (``bench/corpus/``, via
-    ``mlrc/resources/pruning_risk.json``): ``rules``, ``measured`` and, when measured,
-    ``studies``, ``fold_epochs_fraction``, ``choice_pruned`` (studies whose full-protocol choice
-    is pruned), ``mean_regret`` (a fraction) and the leave-one-out figures; None without
-    pruning or stopping. Stored with the study when it is created."""
+    ``mlrc/resources/pruning_risk.json``), for a search of ``trials`` trials (default: the
+    study's budget): ``rules``, ``measured`` and, when measured, ``studies``, ``trials`` (the
+    corpus studies' length the figures are for: the shortest measured one that is not shorter
+    than the search, else the longest), ``study_trials``, ``fold_epochs_fraction``,
+    ``choice_pruned`` (studies whose full-protocol choice is pruned), ``mean_regret`` (a
+    fraction) and, for the tuned rule, the leave-one-out figures; None without pruning or
+    stopping. Stored with the study when it is created, and again when its budget changes."""
     if r.pruner == "none" and r.stop is None:
         return None
     label = Rules.of(r).label()
     table = json.loads(resources.files("mlrc.resources").joinpath(RISK_TABLE).read_text())
     entry = table["rules"].get(label)
-    return {
-        "rules": label,
-        "measured": entry is not None,
-        "corpus": table["corpus"],
-        **(entry or {}),
-    }
+    out = {"rules": label, "measured": entry is not None, "corpus": table["corpus"]}
+    if entry is None:
+        return out
+    n = trials or r.trials
+    lengths = sorted(int(k) for k in entry["by_length"])
+    length = next((k for k in lengths if k >= n), lengths[-1])
+    return {**out, "trials": length, "study_trials": n, **entry["by_length"][str(length)]}
 
 
 def make_pruner(r: ResolvedStudy | Rules) -> optuna.pruners.BasePruner:
@@ -170,6 +178,7 @@ def fold_stop(
         done=dict(done),
         incumbent=incumbent,
         gains=later_gains(curves, epochs, spec.quantile),
+        fold_slack=spec.fold_slack,
     )
 
 

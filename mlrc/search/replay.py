@@ -384,7 +384,8 @@ _PRUNER_KEYS = {"median": {"startup": "prune_startup"}, "wilcoxon": {"p": "prune
 
 def parse_rules(pruner: str, stop: str | None = None) -> Rules:
     """:class:`Rules` from command-line specs: ``--pruner none | median[:startup=N] |
-    wilcoxon[:p=P]`` and ``--stop none | gain[:quantile=Q,slack=S,startup=N]``; a
+    wilcoxon[:p=P]`` and ``--stop none |
+    gain[:quantile=Q,slack=S,fold_slack=E,startup=N,future=incumbent|best]``; a
     :class:`StudyError` of one line for a bad one (with a "did you mean")."""
     name, kv = _spec(pruner, "--pruner")
     if name not in _PRUNER_KEYS:
@@ -397,6 +398,9 @@ def parse_rules(pruner: str, stop: str | None = None) -> Rules:
         fields[_PRUNER_KEYS[name][k]] = _number(v, f"--pruner {pruner}: {k}")
     if stop not in (None, "none"):
         rule, skv = _spec(stop, "--stop")
+        for k in skv.keys() - StopSpec.model_fields.keys():
+            hint = did_you_mean(k, [f for f in StopSpec.model_fields if f != "rule"])
+            raise StudyError(f"--stop {stop}: {rule} has no setting {k!r}{hint}")
         try:
             fields["stop"] = StopSpec(
                 rule=rule,

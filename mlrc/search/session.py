@@ -358,6 +358,8 @@ def settle(
     new_settings["threads"] = threads or old_threads or cpu.study_threads()
     if new_settings["threads"] != old_threads:
         changes.append(("threads", old_threads, new_settings["threads"]))
+    if "pruning_risk" in new_settings and now["search.trials"] != was["search.trials"]:
+        new_settings["pruning_risk"] = measured_risk(resolved, now["search.trials"])
     new_config = None
     if any(f in BUDGETS for f, _, _ in changes):
         new_config = {

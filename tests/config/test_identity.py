@@ -81,3 +81,26 @@ def test_a_warm_start_is_identity_like_enqueue_but_not_protocol():
     enqueued = fp(enqueue=[{"pos_margin": 0.1}])
     assert identity_change(plain, enqueued) is not None  # the rule it follows
     assert comparison_key(plain) == comparison_key(warm) == comparison_key(enqueued)
+
+
+def test_the_fold_slack_of_search_stop_is_identity_and_zero_is_the_rule_before_it():
+    """``search.stop.fold_slack`` (#25, tuned on the 50-trial corpus) changes which folds stop:
+    a study stored before it (its stop rule without the field) matches a file that sets it to
+    0 — the rule it ran — and not one that takes the new default."""
+    from mlrc.config import StudyConfig, resolve
+
+    def fp(**stop) -> dict:
+        doc = {"name": "s", "dataset": {"name": "glyphs"}, "preset": "cpu",
+               "loss": {"name": "contrastive"}, "search": {"trials": 2, "stop": stop}}  # fmt: skip
+        return resolve(StudyConfig.model_validate(doc), "s").fingerprint()
+
+    new = fp()
+    assert new["stop"]["fold_slack"] == 0.04  # the default
+    before = fp(fold_slack=0.0)
+    assert "fold_slack" not in before["stop"]  # as a study stored before the field
+    assert "fold_slack" not in before["study"]["search"]["stop"]
+    stored = {**new, "stop": {k: v for k, v in new["stop"].items() if k != "fold_slack"}}
+    stored["study"] = {**new["study"], "search": {**new["study"]["search"]}}
+    stored["study"]["search"]["stop"] = dict(stored["stop"])
+    assert identity_change(stored, before) is None
+    assert identity_change(stored, new) is not None

@@ -33,7 +33,7 @@ OVERRIDES = {"max_epochs": 5, "iterations_per_epoch": 2, "patience": {"default":
 RULES = {
     "pruner": "wilcoxon",
     "prune_p": 0.3,
-    "stop": {"quantile": 0.5, "slack": 0.0, "startup": 1},
+    "stop": {"quantile": 0.5, "slack": 0.0, "fold_slack": 0.01, "startup": 1},
 }
 
 
@@ -165,7 +165,9 @@ def test_unfinished_study_is_refused(tmp_path):
         ("wilcoxon:p=2", None, "p must be in (0, 1]"),
         ("wilcoxon:p=x", None, "p: not a number ('x')"),
         ("none", "gain:quantile=0", "quantile: Input should be greater than 0"),
-        ("none", "gain:slak=1", "slak"),
+        ("none", "gain:slak=1", "gain has no setting 'slak'; did you mean 'slack'?"),
+        ("none", "gain:fold_slak=1", "did you mean 'fold_slack'?"),
+        ("none", "gain:fold_slack=2", "fold_slack: Input should be less than or equal to 1"),
         ("none", "gain:quantile", "expected NAME:key=value"),
         ("none", "gian", "rule"),
     ],
@@ -211,6 +213,10 @@ def test_fold_stop_is_the_papers_bound():
     assert stop.reason(3, 0.479) is not None and stop.reason(3, 0.481) is None
     assert stop.reason(2, 0.0) is None  # no later gain known at epoch 2: no decision
     assert "stopped at epoch 3 of fold 1" in stop.reason(3, 0.2)
+    # ε, the fold slack, lifts the bound of the fold that trains: b + 0.05 + 0.01
+    lifted = FoldStop(1, 0.02, {0: 0.45}, inc, {3: 0.05}, fold_slack=0.01)
+    assert lifted.reason(3, 0.469) is not None and lifted.reason(3, 0.471) is None
+    assert "+ later gain 0.0500 + slack 0.01 cannot lift" in lifted.reason(3, 0.2)
 
 
 def _naive_wilcoxon(study, p_threshold):
