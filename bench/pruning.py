@@ -137,17 +137,11 @@ def grid() -> list[Rules]:
     return [Rules(p.pruner, p.prune_startup, p.prune_p, stop) for p in pruners for stop in stops]
 
 
-def first(study: rp.RecordedStudy, n: int) -> rp.RecordedStudy:
-    """``study`` as if its search had stopped after ``n`` trials (its first ``n``: the same
-    trials a study of budget ``n`` with the same sampler and seed runs)."""
-    return dataclasses.replace(study, trials=study.trials[:n])
-
-
 def _replay_one(job: tuple) -> tuple[int, str, dict[str, rp.ReplayResult]]:
     n, rules, studies, stop_with = job
     label = rules.label() if stop_with is None else stop_with[0]
     make = None if stop_with is None else rank_rule(*stop_with[1])
-    return n, label, {s.name: rp.replay(first(s, n), rules, make) for s in studies}
+    return n, label, {s.name: rp.replay(rp.first_trials(s, n), rules, make) for s in studies}
 
 
 def replay_grid(
@@ -345,7 +339,7 @@ def records(study: rp.RecordedStudy) -> set[int]:
 def where(a: argparse.Namespace) -> None:
     """Where the fold-epochs go under the recommended rules, and what any rule must spend."""
     _, studies = rp.read_corpus(a.corpus)
-    studies = [first(s, a.trials) for s in studies]
+    studies = [rp.first_trials(s, a.trials) for s in studies]
     full = spent = 0
     parts = dict.fromkeys(("full choice", "other complete", "pruned between folds", "stopped"), 0)
     floor, must = dict.fromkeys((1, 2, 3, 4), 0), 0

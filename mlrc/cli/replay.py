@@ -37,6 +37,14 @@ def replay(
         Path | None,
         typer.Option("--corpus", help="replay the studies of a corpus file (bench/corpus/)"),
     ] = None,
+    trials: Annotated[
+        int | None,
+        typer.Option(
+            "--trials",
+            min=1,
+            help="replay each study's first N trials (a search of budget N, same sampler and seed)",
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="one JSON object per study and line")
     ] = False,
@@ -58,10 +66,16 @@ def replay(
         if corpus is not None:
             if not corpus.is_file():
                 fail(f"--corpus {corpus}: no such file")
-            recorded += [s for s in rp.read_corpus(corpus)[1] if not studies or s.name in studies]
+            have = rp.read_corpus(corpus)[1]
+            if missing := set(studies or ()) - {s.name for s in have}:
+                names = ", ".join(s.name for s in have)
+                fail(f"--corpus {corpus}: no study {sorted(missing)[0]!r} (it has {names})")
+            recorded += [s for s in have if not studies or s.name in studies]
         if studies and corpus is None:
             engine = store.connect(storage, read_only=True)
             recorded += [rp.recorded_study(engine, name) for name in studies]
+        if trials is not None:
+            recorded = [rp.first_trials(s, trials) for s in recorded]
         results = [rp.replay(s, rules) for s in recorded]
     if as_json:  # JSON Lines: one object per study
         sys.stdout.write("".join(json.dumps(r.as_json()) + "\n" for r in results))

@@ -106,8 +106,9 @@ def risk_text(risk: dict | None) -> str:
         )
     if length and risk.get("study_trials", 0) > length:
         text += (
-            f"; this search has {risk['study_trials']} trials, more than the corpus's: on the "
-            "corpus the risk grew with the number of trials"
+            f"; this search has {risk['study_trials']} trials, more than the corpus's "
+            f"{length}: its risk is not measured at that length (on the corpus, rules tuned on "
+            "shorter studies lost choices in longer ones)"
         )
     return text
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ __all__ = [
     "RecordedTrial",
     "ReplayResult",
     "StopWith",
+    "first_trials",
     "read_corpus",
     "recorded_study",
     "replay",
@@ -339,6 +340,20 @@ def recorded_study(engine: Any, name: str, finished: bool = True) -> RecordedStu
         ),
         trials=trials,
     )
+
+
+def first_trials(study: RecordedStudy, n: int) -> RecordedStudy:
+    """``study`` as if its search had stopped after its first ``n`` trials: what a study of
+    budget ``n`` with the same sampler and seed runs (a :class:`StudyError` when it has fewer,
+    or none of them complete)."""
+    if len(study.trials) < n:
+        raise StudyError(
+            f"study {study.name!r} has {len(study.trials)} trials: cannot replay its first {n}"
+        )
+    out = replace(study, trials=study.trials[:n])
+    if not any(t.state == "complete" and t.value is not None for t in out.trials):
+        raise StudyError(f"study {study.name!r}: no complete trial among its first {n}")
+    return out
 
 
 def write_corpus(studies: Sequence[RecordedStudy], path: Path, about: dict[str, Any]) -> Path:

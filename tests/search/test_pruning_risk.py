@@ -44,7 +44,9 @@ def test_the_risk_is_the_figure_for_the_studys_number_of_trials(tmp_path, trials
     assert risk["choice_pruned"] == want["choice_pruned"]
     text = risk_text(risk)
     assert f"studies, first {length} trials): {want['fold_epochs_fraction']:.2f}×" in text
-    assert ("more than the corpus's" in text) == (trials > length)
+    assert (f"more than the corpus's {length}: its risk is not measured" in text) == (
+        trials > length
+    )
 
 
 def test_a_rule_outside_the_tuned_grid_says_it_is_not_measured(tmp_path):
@@ -80,3 +82,46 @@ def test_the_table_is_a_replay_of_the_committed_corpus():
         )
         assert want["choice_pruned"] == sum(not r.same_choice for r in runs)
         assert want["mean_regret"] == pytest.approx(sum(r.regret for r in runs) / len(runs))
+
+
+def _cli(*args: object, code: int = 0):
+    from typer.testing import CliRunner
+
+    from mlrc.cli import app
+
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    assert r.exit_code == code, r.output
+    return r
+
+
+def test_replay_of_a_studys_first_trials_spends_what_a_hand_count_says():
+    """``mlrc replay --trials 20`` replays each study's first 20 trials: unpruned, the
+    fold-epochs are the epochs of their folds (a repeated parameter set's counted once)."""
+    corpus = ROOT / TABLE["corpus"]
+    out = _cli("replay", "--corpus", corpus, "--trials", 20, "--json").output
+    docs = {d["study"]: d for d in map(json.loads, out.splitlines())}
+    _, studies = rp.read_corpus(corpus)
+    assert set(docs) == {s.name for s in studies}
+    for s in studies:
+        seen, want = set(), 0
+        for t in s.trials[:20]:
+            for f in t.folds:
+                if (t.params_hash, f.fold) not in seen:
+                    want += max(e for e, _ in f.points)
+                seen.add((t.params_hash, f.fold))
+        assert docs[s.name]["full_fold_epochs"] == docs[s.name]["fold_epochs"] == want
+        best = max(s.trials[:20], key=lambda t: (t.value, -t.number))
+        assert docs[s.name]["full_choice"] == best.number
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("nope",), "no study 'nope' (it has corpus-"),
+        (("--trials", 51), "has 50 trials: cannot replay its first 51"),
+        (("--trials", 0), "Invalid value for '--trials'"),
+    ],
+)
+def test_replay_bad_corpus_requests_are_one_line(args, message):
+    out = _cli("replay", "--corpus", ROOT / TABLE["corpus"], *args, code=2).output
+    assert message in " ".join(out.split())
