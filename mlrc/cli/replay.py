@@ -55,25 +55,13 @@ def replay(
     MAP@R points when it is not. Exact for pruners and stop rules (the recorded trials in their
     order, the recorded curves); what a sampler would have suggested instead of a pruned
     trial's successors is outside it."""
-    from mlrc import store
     from mlrc.search import replay as rp
 
     if not studies and corpus is None:
         fail("name at least one study, or give --corpus FILE")
     with user_errors():
         rules = rp.parse_rules(pruner, stop)
-        recorded = []
-        if corpus is not None:
-            if not corpus.is_file():
-                fail(f"--corpus {corpus}: no such file")
-            have = rp.read_corpus(corpus)[1]
-            if missing := set(studies or ()) - {s.name for s in have}:
-                names = ", ".join(s.name for s in have)
-                fail(f"--corpus {corpus}: no study {sorted(missing)[0]!r} (it has {names})")
-            recorded += [s for s in have if not studies or s.name in studies]
-        if studies and corpus is None:
-            engine = store.connect(storage, read_only=True)
-            recorded += [rp.recorded_study(engine, name) for name in studies]
+        recorded = _recorded(studies or [], corpus, storage)
         if trials is not None:
             recorded = [rp.first_trials(s, trials) for s in recorded]
         results = [rp.replay(s, rules) for s in recorded]
@@ -81,6 +69,24 @@ def replay(
         sys.stdout.write("".join(json.dumps(r.as_json()) + "\n" for r in results))
         return
     _table(results, rules.label())
+
+
+def _recorded(studies: list[str], corpus: Path | None, storage: str) -> list:
+    """The studies to replay: ``studies`` of the corpus file (all where none is named), or of
+    the store; an absent one is one line."""
+    from mlrc import store
+    from mlrc.search import replay as rp
+
+    if corpus is None:
+        engine = store.connect(storage, read_only=True)
+        return [rp.recorded_study(engine, name) for name in studies]
+    if not corpus.is_file():
+        fail(f"--corpus {corpus}: no such file")
+    have = rp.read_corpus(corpus)[1]
+    if missing := set(studies) - {s.name for s in have}:
+        names = ", ".join(s.name for s in have)
+        fail(f"--corpus {corpus}: no study {sorted(missing)[0]!r} (it has {names})")
+    return [s for s in have if not studies or s.name in studies]
 
 
 def _table(results: list, label: str) -> None:
