@@ -71,7 +71,11 @@ LOSSES = ("contrastive", "multi_similarity", "ntxent")
 GOAL_FRACTION, GOAL_REGRET = 0.3, 0.002  # issue #25: ≤ 0.3 × fold-epochs, regret ≤ 0.2 points
 LENGTHS = (20, 30, 40, 50)  # the corpus replayed on its studies' first N trials (50: all)
 # the rules recommended on the 20-trial corpus before (wilcoxon, gain without a fold slack)
-BEFORE = Rules("wilcoxon", prune_p=0.3, stop=StopSpec(fold_slack=0.0))
+BEFORE = Rules(
+    "wilcoxon",
+    prune_p=0.3,
+    stop=StopSpec(quantile=1.0, slack=0.02, fold_slack=0.0, startup=1, future="best"),
+)
 
 
 def study_docs(trials: int, dataset: Path | None) -> list[dict]:
