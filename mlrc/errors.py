@@ -7,7 +7,22 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["alive", "first_line", "interrupt_behind", "signal_behind", "worker_message"]
+__all__ = [
+    "alive",
+    "first_line",
+    "forget_stop_signals",
+    "interrupt_behind",
+    "note_stop_signal",
+    "raise_if_stopped",
+    "signal_behind",
+    "stop_signal",
+    "worker_message",
+]
+
+# The stop signals (SIGINT, SIGTERM) this process's command received: ``mlrc.cli.interrupts``
+# notes each one as it raises KeyboardInterrupt, so that a KeyboardInterrupt a library swallowed
+# still stops the work at the next epoch or trial (:func:`raise_if_stopped`).
+_stop_signals: list[int] = []
 
 
 def first_line(error: BaseException | str, default: str | None = None) -> str:
@@ -56,6 +71,28 @@ def signal_behind(e: BaseException | None) -> int | None:
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return None
+
+
+def note_stop_signal(signum: int) -> None:
+    """Remember that ``signum`` asked this process to stop (the command line's handler)."""
+    _stop_signals.append(signum)
+
+
+def stop_signal() -> int | None:
+    """The first stop signal this process's command received, or None."""
+    return _stop_signals[0] if _stop_signals else None
+
+
+def forget_stop_signals() -> None:
+    """A new command starts (or one ended): no stop signal received yet."""
+    _stop_signals.clear()
+
+
+def raise_if_stopped() -> None:
+    """KeyboardInterrupt again if a stop signal was received: called between epochs and before
+    each trial, it stops the work even where the first KeyboardInterrupt was swallowed."""
+    if _stop_signals:
+        raise KeyboardInterrupt
 
 
 def alive(pid: int) -> bool:

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import typer
 
 from mlrc.cli.terminal import err_console
-from mlrc.errors import interrupt_behind
+from mlrc.errors import forget_stop_signals, interrupt_behind, note_stop_signal, stop_signal
 
 __all__ = ["interrupt_behind", "interrupts"]
 
@@ -25,37 +25,42 @@ def interrupts() -> Iterator[None]:
     import signal
     import threading
 
-    got: list[int] = []
-
-    def on_sigterm(signum: int, _frame: object) -> None:
-        got.append(signum)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    def on_signal(signum: int, _frame: object) -> None:
+        note_stop_signal(signum)
+        if signum == signal.SIGTERM:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, on_sigterm) if main else None
+    forget_stop_signals()
+    previous = (
+        {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    )
     try:
         yield
+        if stop_signal() is not None:  # its KeyboardInterrupt was swallowed, the work ended
+            _stopped(KeyboardInterrupt())
     except Exception as e:  # raised while a Ctrl-C unwound (torch.save's zip writer does)?
         stop = None if isinstance(e, typer.Exit) else interrupt_behind(e)
         if stop is None:
             raise
-        _stopped(stop, got)
+        _stopped(stop)
     except KeyboardInterrupt as e:
-        _stopped(e, got)
+        _stopped(e)
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        forget_stop_signals()
 
 
-def _stopped(e: KeyboardInterrupt, got: list[int]) -> None:
+def _stopped(e: KeyboardInterrupt) -> None:
     """The one line of a stopped command, naming the work recorded as interrupted (``e.what``,
     set by :class:`~mlrc.search.errors.Interrupted`); exit 128 + the signal's number."""
     import signal
 
     from mlrc.errors import signal_behind
 
-    sig = signal.Signals(got[0] if got else signal_behind(e) or signal.SIGINT)
+    sig = signal.Signals(stop_signal() or signal_behind(e) or signal.SIGINT)
     what = getattr(e, "what", None)
     marked = f"{what} marked interrupted; " if what else ""
     err_console.print(

@@ -58,6 +58,7 @@ from torch.utils.data import Subset
 from tqdm.auto import tqdm
 
 from mlrc.data.transforms import batch_to_trunk_input
+from mlrc.errors import raise_if_stopped
 from mlrc.models.freezing import freeze_batchnorm
 from mlrc.protocol import retrieval_metrics
 from mlrc.train.checkpoint import (
@@ -156,6 +157,7 @@ def train_epochs(run: FoldRun, state: dict[str, Any] | None) -> FoldResult:
     bar = progress_bar(run)
     try:
         for epoch in range(run.start_epoch, run.spec.preset.max_epochs + 1):
+            raise_if_stopped()  # a Ctrl-C or SIGTERM whose KeyboardInterrupt was swallowed
             train_loss = train_epoch(run, epoch, bar)
             if isinstance(train_loss, FoldResult):
                 return train_loss

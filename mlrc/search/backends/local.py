@@ -22,6 +22,7 @@ import optuna
 from optuna.trial import TrialState
 
 from mlrc import store
+from mlrc.errors import raise_if_stopped
 from mlrc.search.ax_sampler import SEM_ATTR
 from mlrc.search.errors import INTERRUPTED, Interrupted, ending
 from mlrc.search.heartbeat import (
@@ -74,6 +75,7 @@ def run_search(
     )
     store.retry(lambda: _prepare(ctx, ostudy, storage, study_id), ctx.engine, "opening the study")
     while True:
+        raise_if_stopped()  # a Ctrl-C or SIGTERM whose KeyboardInterrupt was swallowed
         claim = store.retry(
             lambda: _claim(ctx, ostudy, storage, study_id), ctx.engine, "taking the next trial"
         )
