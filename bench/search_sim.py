@@ -1,14 +1,17 @@
 """Search samplers, parallel workers and warm starts, simulated on surrogates of a corpus of
 complete studies (no training: each "trial" is one evaluation of a regression model).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/search_sim.py --storage sqlite:///corpus.db
-        [--seeds 10] [--ax-seeds 5] [--trials 20] [--min-trials 20] [--warm-min-trials 5]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/search_sim.py
+        [--corpus bench/corpus/cpu-omniglot-glyphs.json.gz | --storage sqlite:///corpus.db]
+        [--seeds 10] [--ax-seeds 5] [--trials 50] [--min-trials 50] [--warm-min-trials 5]
 
-The corpus: the Optuna studies ``corpus-<loss>-<dataset>`` (dataset omniglot or glyphs; e.g.
-cpu-preset studies of 20 trials, ``sampler: gp``) of the store ``--storage`` with at least
-``--min-trials`` complete trials; each trial's fold SEM is read from mlrc's trial table of the
-same store. The study a warm start copies its 5 points from needs only ``--warm-min-trials``
-complete trials (it is not simulated). The ``ax`` extra is needed.
+The corpus: the studies ``corpus-<loss>-<dataset>`` (dataset omniglot or glyphs; cpu-preset
+studies, ``sampler: gp``) with at least ``--min-trials`` complete trials, either of the committed
+corpus file (``--corpus``, the default: bench/pruning.py's; each study's space is its loss's
+space resolved for its dataset and preset, each trial's fold SEM computed from its fold values
+as the objective computes it) or of the Optuna studies of a store (``--storage``; the SEM read
+from mlrc's trial table). The study a warm start copies its 5 points from needs only
+``--warm-min-trials`` complete trials (it is not simulated). The ``ax`` extra is needed.
 
 Surrogate of a study: a Gaussian-process regression (scikit-learn: Matern 5/2 with ARD length
 scales plus a white-noise term, normalised targets) of its complete trials' MAP@R on the
@@ -52,11 +55,15 @@ from optuna.trial import TrialState
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import machine, write_csv  # noqa: E402
 from mlrc import store  # noqa: E402
+from mlrc.config.study import StudyConfig, resolve  # noqa: E402
+from mlrc.search import replay as rp  # noqa: E402
 from mlrc.search.ax_sampler import AxSampler  # noqa: E402
+from mlrc.search.space import distributions  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 warnings.filterwarnings("ignore")
 DATASETS = ("omniglot", "glyphs")
+CORPUS = Path(__file__).resolve().parent / "corpus" / "cpu-omniglot-glyphs.json.gz"
 
 
 @dataclass
@@ -97,6 +104,31 @@ def load_corpus(url: str, min_trials: int) -> dict[str, Corpus]:
             params=[t.params for t in done],
             values=np.array([t.value for t in done]),
             sems=np.array([sems.get(t.number) or 0.0 for t in done]),
+        )
+    return out
+
+
+def load_corpus_file(path: Path, min_trials: int) -> dict[str, Corpus]:
+    """The corpus studies of the corpus file ``path`` with at least ``min_trials`` complete
+    trials; a trial's SEM is std(fold values, ddof 1) / √n, as mlrc's objective records it."""
+    _, studies = rp.read_corpus(path)
+    out = {}
+    for st in studies:
+        done = [t for t in st.trials if t.state == "complete" and t.value is not None]
+        if len(done) < min_trials:
+            continue
+        doc = {"name": st.name, "dataset": {"name": st.dataset}, "preset": st.preset}
+        config = StudyConfig.model_validate({**doc, "loss": {"name": st.loss}})
+        space = distributions(resolve(config, str(path)).space)
+        folds = [[f.objective for f in t.folds if f.objective is not None] for t in done]
+        out[st.name] = Corpus(
+            name=st.name,
+            loss=st.loss,
+            dataset=st.dataset,
+            space=space,
+            params=[{k: t.params[k] for k in space} for t in done],
+            values=np.array([t.value for t in done]),
+            sems=np.array([np.std(v, ddof=1) / math.sqrt(len(v)) for v in folds]),
         )
     return out
 
@@ -252,8 +284,9 @@ def tables(df: pd.DataFrame) -> str:
     out = []
     one = df[df.workers == 1]
     last = int(df.trials.max())
-    at = sorted({n for n in (5, 10, 15) if n < last} | {last})
-    sam = one[(one.experiment == "samplers") & one.trials.isin(at)]
+    at = sorted({n for n in (5, 10, 15, 20, 30, 40) if n < last} | {last})
+    runs = one[one.experiment == "samplers"]
+    sam = runs[runs.trials.isin(at)]
     t = sam.pivot_table(index="sampler", columns="trials", values="pct", aggfunc="mean")
     t.insert(0, "seeds", sam.groupby("sampler").seed.nunique())
     t[f"SE at {last}"] = _se(sam[sam.trials == last], "sampler")
@@ -261,7 +294,7 @@ def tables(df: pd.DataFrame) -> str:
         "Picked trial's true value, % of the surrogate's optimum, after n trials "
         "(1 worker; mean over studies and seeds; SE: standard error over the runs):\n\n" + _md(t)
     )
-    par = pd.concat([sam[sam.sampler.isin(["tpe", "gp"])], df[df.experiment == "parallel"]])
+    par = pd.concat([runs[runs.sampler.isin(["tpe", "gp"])], df[df.experiment == "parallel"]])
     par = par[par.trials.isin([last // 2, last])]
     t = par.pivot_table(index=["sampler", "workers"], columns="trials", values="pct")
     t[f"SE at {last}"] = _se(par[par.trials == last], ["sampler", "workers"])
@@ -310,18 +343,29 @@ def _md(t: pd.DataFrame) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--storage", required=True, help="the corpus store, e.g. sqlite:///corpus.db")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--corpus", type=Path, default=CORPUS, help="a corpus file (bench/pruning.py)")
+    src.add_argument("--storage", help="a store of corpus studies, e.g. sqlite:///corpus.db")
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--ax-seeds", type=int, default=5)
-    p.add_argument("--trials", type=int, default=20)
-    p.add_argument("--min-trials", type=int, default=20)
+    p.add_argument("--trials", type=int, default=50)
+    p.add_argument("--min-trials", type=int, default=50)
     p.add_argument("--warm-min-trials", type=int, default=5)
     p.add_argument("--samplers", nargs="+", default=["tpe", "gp", "ax"])
+    p.add_argument("--tables", type=Path, help="print the tables of a CSV this wrote; run nothing")
     args = p.parse_args()
+    if args.tables:
+        print(tables(pd.read_csv(args.tables)))
+        return
     start = time.time()
-    corpus = load_corpus(args.storage, min(args.min_trials, args.warm_min_trials))
+    least = min(args.min_trials, args.warm_min_trials)
+    source = args.storage or args.corpus
+    if args.storage:
+        corpus = load_corpus(args.storage, least)
+    else:
+        corpus = load_corpus_file(args.corpus, least)
     if not any(len(c.values) >= args.min_trials for c in corpus.values()):
-        sys.exit(f"no corpus study with >= {args.min_trials} complete trials in {args.storage}")
+        sys.exit(f"no corpus study with >= {args.min_trials} complete trials in {source}")
     print(
         "corpus: " + ", ".join(f"{n} ({len(c.values)})" for n, c in corpus.items()), file=sys.stderr
     )
