@@ -8,7 +8,13 @@ from contextlib import contextmanager
 import typer
 
 from mlrc.cli.terminal import err_console
-from mlrc.errors import forget_stop_signals, interrupt_behind, note_stop_signal, stop_signal
+from mlrc.errors import (
+    forget_stop_signals,
+    interrupt_behind,
+    note_stop_signal,
+    signal_behind,
+    stop_signal,
+)
 
 __all__ = ["interrupt_behind", "interrupts"]
 
@@ -38,8 +44,6 @@ def interrupts() -> Iterator[None]:
     )
     try:
         yield
-        if stop_signal() is not None:  # its KeyboardInterrupt was swallowed, the work ended
-            _stopped(KeyboardInterrupt())
     except Exception as e:  # raised while a Ctrl-C unwound (torch.save's zip writer does)?
         stop = None if isinstance(e, typer.Exit) else interrupt_behind(e)
         if stop is None:
@@ -47,6 +51,9 @@ def interrupts() -> Iterator[None]:
         _stopped(stop)
     except KeyboardInterrupt as e:
         _stopped(e)
+    else:
+        if stop_signal() is not None:  # its KeyboardInterrupt was swallowed, the work ended
+            _stopped(KeyboardInterrupt())
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -57,8 +64,6 @@ def _stopped(e: KeyboardInterrupt) -> None:
     """The one line of a stopped command, naming the work recorded as interrupted (``e.what``,
     set by :class:`~mlrc.search.errors.Interrupted`); exit 128 + the signal's number."""
     import signal
-
-    from mlrc.errors import signal_behind
 
     sig = signal.Signals(stop_signal() or signal_behind(e) or signal.SIGINT)
     what = getattr(e, "what", None)

@@ -73,3 +73,15 @@ def test_swallowed_as_a_trial_ends_no_next_trial_starts(tmp_path):
     assert child.stderr_lines() == [f"interrupted (SIGTERM): {INTERRUPTED}"]
     assert [t[0] for t in trials(db).values()] == ["complete"]  # counted; trial 1 never began
     assert [t.state.name for t in optuna_trials(f"sqlite:///{db}", "swallow")] == ["COMPLETE"]
+
+
+def test_swallowed_after_the_last_trial_the_command_still_exits_143(tmp_path):
+    def hook() -> None:
+        from mlrc.cli import study
+
+        _swallow_sigterm_after(study, "print_status_by_name")  # the search is over
+
+    child, code, db = _run(tmp_path, hook)
+    assert code == 143, child.output()
+    assert child.stderr_lines() == [f"interrupted (SIGTERM): {INTERRUPTED}"]
+    assert [t[0] for t in trials(db).values()] == ["complete", "complete"]  # nothing lost
