@@ -40,12 +40,18 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_csv  # noqa: E402
-from pruning import CORPUS, LENGTHS, RankStop, recommended  # noqa: E402
+from pruning import CORPUS, LENGTHS, rank_rule, recommended  # noqa: E402
 
 from mlrc.config.schema import StopSpec  # noqa: E402
 from mlrc.protocol.stopping import Curve, FoldStop  # noqa: E402
 from mlrc.search import replay as rp  # noqa: E402
-from mlrc.search.pruning import best_fold_values, fold_stop, incumbent_of, trained_curve  # noqa: E402
+from mlrc.search.pruning import (  # noqa: E402
+    Rules,
+    best_fold_values,
+    fold_stop,
+    incumbent_of,
+    trained_curve,
+)
 
 Snapshot = tuple[int, dict[int, float]]  # (complete curves known, best value of each fold)
 
@@ -90,20 +96,6 @@ class Search:
             spec, fold, n, done, incumbent_of(self.complete, full), len(self.complete),
             curves, self.study.epochs, best,
         )  # fmt: skip
-
-
-def rank_of(s: Search, base: FoldStop | None, fold: int, rungs: tuple[int, ...], k: int) -> Any:
-    """``explore``'s rank rule on fold 0 over ``base`` (bench/pruning.py :class:`RankStop`)."""
-    if base is None or fold != 0:
-        return base
-    same = [c for c, j in zip(s.curves, s.curve_folds, strict=True) if j == fold]
-    levels = {
-        r: sorted(
-            (max(v for t, v in c if t <= r) for c in same if c and c[0][0] <= r), reverse=True
-        )
-        for r in rungs
-    }
-    return RankStop(base, k, levels)
 
 
 def walk(f: rp.RecordedFold, stop: Any, after: int) -> tuple[int, float | None, bool]:
@@ -154,7 +146,10 @@ def search_stage(study: rp.RecordedStudy, first: StopSpec, rank: tuple | None) -
 
         def make(fold: int, done: dict[int, float]) -> Any:
             base = s.rule(first, fold, done)
-            return base if rank is None else rank_of(s, base, fold, *rank)
+            if rank is None:
+                return base
+            same = [c for c, j in zip(s.curves, s.curve_folds, strict=True) if j == fold]
+            return rank_rule(*rank, (0,))(base, fold, same)  # explore's rank rule, on fold 0
 
         run_trial(s, t, make, (0, 0, {}), None)
     return s
@@ -194,19 +189,10 @@ def replay_one(study: rp.RecordedStudy, first: StopSpec, rank: tuple | None, bou
         "study": study.name,
         "fold_epochs": s.spent,
         "search_stage": searched,
-        "full": sum(f.epochs for t in rp_first_runs(study) for f in t),
+        "full": rp.replay(study, Rules()).full_fold_epochs,
         "same_choice": choice[0] == full.number,
         "regret": float(full.value - choice[2]),
     }
-
-
-def rp_first_runs(study: rp.RecordedStudy) -> list[list[rp.RecordedFold]]:
-    """Each trial's folds that were trained (a repeated parameter set reuses its fold runs)."""
-    seen, out = set(), []
-    for t in study.trials:
-        out.append([f for f in t.folds if (t.params_hash, f.fold) not in seen])
-        seen |= {(t.params_hash, f.fold) for f in t.folds}
-    return out
 
 
 FIRST = [  # (label, the stage-1 gain rule, rank rungs and k or None)
