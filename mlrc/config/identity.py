@@ -35,6 +35,7 @@ from mlrc import __version__
 __all__ = [
     "BUDGETS",
     "LATER_FIELDS",
+    "RANKS",
     "RUNTIME_ONLY",
     "AnyOf",
     "artifact_key",
@@ -48,6 +49,7 @@ __all__ = [
     "identity_change",
     "key_of",
     "params_hash",
+    "random_augmentation",
 ]
 
 
@@ -59,8 +61,28 @@ RUNTIME_ONLY = (
     "persistent_workers",
     "decoded_cache",
     "checkpoint_minutes",
-    "processes_per_trial",  # the global batch is the study's; how many ranks share it is not
+    # the global batch is the study's; how many ranks share it is not — unless the training
+    # input is drawn at random (random_augmentation): each rank draws its images' crops and
+    # flips from its own stream, so K ranks compute other numbers than one process, and K ≠ 1
+    # is then part of the identity (RANKS)
+    "processes_per_trial",
 )
+RANKS = "processes_per_trial"
+
+
+def random_augmentation(image: dict[str, Any] | None) -> bool:
+    """The training input is drawn at random: a preset's ``image`` (as a fingerprint holds it)
+    with flips, or a crop whose scale or aspect ratio is not fixed at 1 (the reference's
+    RandomResizedCrop). Without it every rank computes what one process would."""
+    image = image or {}
+    fixed = [1.0, 1.0]
+    scale, ratio = image.get("scale", [0.16, 1.0]), image.get("ratio", [0.75, 1.33])
+    return bool(image.get("flip", True)) or list(scale) != fixed or list(ratio) != fixed
+
+
+def _ranks_change_numbers(preset: dict[str, Any], k: Any) -> bool:
+    """``k`` processes per trial compute other numbers than one (random augmentation)."""
+    return k not in (None, 1) and random_augmentation(preset.get("image"))
 
 
 @dataclass(frozen=True)
@@ -149,15 +171,18 @@ def identity(fingerprint: dict[str, Any]) -> dict[str, Any]:
             node.pop(key, None)
     overrides = (out.get("study") or {}).get("overrides") or {}
     for key in RUNTIME_ONLY:  # also where the study file sets them: how fast, not what
-        overrides.pop(key, None)
+        if key != RANKS or not _ranks_change_numbers(out.get("preset") or {}, overrides.get(key)):
+            overrides.pop(key, None)
     return out
 
 
 def drop_speed_and_later_defaults(fingerprint: dict[str, Any]) -> None:
     """Remove, in place, the :data:`RUNTIME_ONLY` preset fields and every :data:`LATER_FIELDS`
     field that holds its "as before" value."""
+    preset = fingerprint["preset"]
     for key in RUNTIME_ONLY:  # how fast, not what is computed: may change on resume
-        fingerprint["preset"].pop(key, None)
+        if key != RANKS or not _ranks_change_numbers(preset, preset.get(key)):
+            preset.pop(key, None)
     for path, default in LATER_FIELDS.items():
         *parents, key = path
         node = fingerprint

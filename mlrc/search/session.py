@@ -26,7 +26,7 @@ from mlrc.config import (
     identity_change,
     with_settings,
 )
-from mlrc.config.identity import code_version
+from mlrc.config.identity import code_version, random_augmentation
 from mlrc.config.load import ConfigError
 from mlrc.config.ranks import check_ranks
 from mlrc.config.splits import build_split
@@ -106,13 +106,28 @@ def rank_plan(
     be split so (:func:`mlrc.config.ranks.check_ranks`) or the devices do not allow it."""
     k = procs or resolved.preset.processes_per_trial
     if k == 1 and not devices:
+        _same_ranks(resolved, k)
         return ()
     check_ranks(resolved, k, "--procs-per-trial" if procs else "")
     try:
         planned = rank_devices(device, k, devices)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    _same_ranks(resolved, k)
     return tuple(planned) if k > 1 else ()
+
+
+def _same_ranks(resolved: ResolvedStudy, k: int) -> None:
+    """``ConfigError`` when ``k`` processes per trial compute other numbers than the study's
+    own ``processes_per_trial`` (random augmentation: each rank draws from its own stream)."""
+    studied = resolved.preset.processes_per_trial
+    if k != studied and random_augmentation(resolved.preset.image.model_dump(mode="json")):
+        raise ConfigError(
+            f"--procs-per-trial {k}: study {resolved.study.name!r} trains with random "
+            f"augmentation, which each process draws from its own stream, so {k} processes "
+            f"compute other numbers than its processes_per_trial: {studied}; set "
+            "processes_per_trial in the study file (another study) or leave out --procs-per-trial"
+        )
 
 
 @contextmanager

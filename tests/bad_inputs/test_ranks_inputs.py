@@ -73,10 +73,39 @@ def test_study_run_refuses_in_one_line(tmp_path, args, expected):
 def test_a_fold_with_fewer_classes_than_a_batch_is_refused_before_registering(tmp_path):
     """proxy_anchor's batch is 64 classes × 1 here; fold 0 of glyphs trains on 42 classes, so
     the sampler would draw 42 images, which 4 ranks cannot share: refused on the split."""
-    path = study(tmp_path, loss="proxy_anchor", over={"batch": {"size": 64}})
+    path = study(
+        tmp_path, loss="proxy_anchor", over={"batch": {"size": 64}, "processes_per_trial": 4}
+    )
     msg = one_line(["study", "run", path, "--procs-per-trial", "4"], tmp_path)
     assert msg.startswith("processes per trial: fold 0 trains on 42 classes, so its batches are")
     assert "42 classes × 1 = 42 images" in msg and "multiple of 4" in msg
+
+
+@pytest.mark.parametrize(("file_k", "flag_k"), [(2, 1), (1, 2), (2, 4)])
+def test_another_k_than_the_study_s_is_refused_with_random_crops(tmp_path, file_k, flag_k):
+    """#37, finding 3: each rank draws its crops from its own stream, so K processes compute
+    other numbers than the study's own processes_per_trial; refused in one line, before
+    anything is stored, on `study run` and on a pool worker."""
+    path = study(tmp_path, over={"processes_per_trial": file_k})
+    for command in ("study", "run"), ("worker",):
+        msg = one_line([*command, path, "--procs-per-trial", str(flag_k)], tmp_path)
+        assert msg == (
+            f"--procs-per-trial {flag_k}: study 'ranks-bad' trains with random augmentation, "
+            f"which each process draws from its own stream, so {flag_k} processes compute other "
+            f"numbers than its processes_per_trial: {file_k}; set processes_per_trial in the "
+            "study file (another study) or leave out --procs-per-trial"
+        )
+
+
+def test_without_random_augmentation_any_k_is_the_same_study(tmp_path):
+    from mlrc.search.session import rank_plan
+
+    fixed = {"image": {"resize": 36, "crop": 32, "scale": [1.0, 1.0], "ratio": [1.0, 1.0],
+                       "flip": False}}  # fmt: skip
+    path = study(tmp_path, over={**fixed, "processes_per_trial": 2})
+    resolved = resolve(StudyConfig.model_validate(load_yaml(path)), str(path))
+    assert rank_plan(resolved, "cpu", 1) == ()
+    assert rank_plan(resolved, "cpu", 4) == ("cpu",) * 4
 
 
 def test_a_worker_cannot_pack_multi_process_trials(tmp_path):

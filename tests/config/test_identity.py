@@ -41,21 +41,38 @@ def test_values_compare_as_canonical_json():
     assert first_difference({"a": {"b": 1}}, {"a": {"b": 2}}) == "a.b: 1 in the store, 2 now"
 
 
-def test_the_global_batch_is_identity_the_processes_sharing_it_are_not():
-    """A study at batch 648 is not the one at 32; the same global batch on 1, 2 or 4 processes
-    per trial is the same study (issue #24), read from real resolved fingerprints."""
+def test_the_global_batch_is_identity_the_processes_sharing_it_only_with_random_crops():
+    """A study at batch 648 is not the one at 32. The same global batch on 1, 2 or 4 processes
+    per trial is the same study without random augmentation (issue #24); with random crops or
+    flips each rank draws its own, so K ≠ 1 is another study (#37, finding 3), with its own
+    artifact key; K = 1 leaves the fingerprint as before. Read from real resolved
+    fingerprints."""
     from mlrc.config import StudyConfig, resolve
+    from mlrc.config.identity import artifact_key
+
+    fixed = {"image": {"resize": 36, "crop": 32, "scale": [1.0, 1.0], "ratio": [1.0, 1.0],
+                       "flip": False}}  # fmt: skip
 
     def fp(**over) -> dict:
         doc = {"name": "s", "dataset": {"name": "glyphs"}, "preset": "cpu",
                "loss": {"name": "contrastive"}, "overrides": over}  # fmt: skip
         return resolve(StudyConfig.model_validate(doc), "s").fingerprint()
 
-    assert identity_change(fp(), fp(processes_per_trial=2)) is None
-    assert identity_change(fp(processes_per_trial=2), fp(processes_per_trial=4)) is None
+    assert identity_change(fp(**fixed), fp(**fixed, processes_per_trial=2)) is None
+    assert (
+        identity_change(fp(**fixed, processes_per_trial=2), fp(**fixed, processes_per_trial=4))
+        is None
+    )
+    assert "processes_per_trial" not in identity(fp(**fixed, processes_per_trial=4))["preset"]
+    assert "processes_per_trial" not in fp(processes_per_trial=1)["preset"]  # as before
+    assert identity_change(fp(), fp(processes_per_trial=1)) is None
+    change = identity_change(fp(), fp(processes_per_trial=2))
+    assert change is not None and "processes_per_trial" in change
+    assert identity_change(fp(processes_per_trial=2), fp(processes_per_trial=4)) is not None
+    assert artifact_key(fp()) != artifact_key(fp(processes_per_trial=2))
+    assert artifact_key(fp(**fixed)) == artifact_key(fp(**fixed, processes_per_trial=2))
     change = identity_change(fp(), fp(batch={"size": 64}))
     assert change is not None and change.startswith("preset.batch.size: 32 in the store, 64 now")
-    assert "processes_per_trial" not in identity(fp(processes_per_trial=4))["preset"]
 
 
 def test_a_warm_start_is_identity_like_enqueue_but_not_protocol():

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import optuna
+import yaml
 from conftest import rank_pids
 from optuna.trial import TrialState
 from sqlalchemy import select
@@ -37,6 +38,16 @@ from mlrc.store.engine import get_study, session
 from mlrc.store.schema import FoldRun, Trial
 
 
+def ranked_study(tmp_path: Path, omniglot_zip: Path, name: str) -> Path:
+    """A 1-trial pool study whose file says ``processes_per_trial: 2``: its crops are random,
+    so K is part of its identity and ``--procs-per-trial 2`` must match the file (#37)."""
+    path = pool_study(tmp_path, omniglot_zip, name, trials=1)
+    doc = yaml.safe_load(path.read_text())
+    doc["overrides"] = {**doc["overrides"], "processes_per_trial": 2}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
 def fold_rows(url: str, name: str) -> list[FoldRun]:
     with session(_engine(url)) as s:
         sid = get_study(s, name).id
@@ -45,7 +56,7 @@ def fold_rows(url: str, name: str) -> list[FoldRun]:
 
 def test_a_pool_worker_trains_every_fold_as_two_ranks(tmp_path, fresh_database, omniglot_zip):
     url = with_password(fresh_database)
-    study = pool_study(tmp_path, omniglot_zip, "ranks-a", trials=1)
+    study = ranked_study(tmp_path, omniglot_zip, "ranks-a")
     finish(start_pool(1, study, url, tmp_path, "--procs-per-trial", "2"))
     check_complete_study(url, "ranks-a", 1)  # exactly the budget, one row per (params, fold)
     rows = fold_rows(url, "ranks-a")
@@ -55,7 +66,7 @@ def test_a_pool_worker_trains_every_fold_as_two_ranks(tmp_path, fresh_database, 
 def worker_mid_fold(tmp_path: Path, omniglot_zip: Path, url: str, name: str):
     """A pool worker of a 1-trial study with ``--procs-per-trial 2``, once one of its folds has
     a checkpoint (epoch ≥ 1 stored) and both ranks run: (worker, that fold's row, rank pids)."""
-    study = pool_study(tmp_path, omniglot_zip, name, trials=1)
+    study = ranked_study(tmp_path, omniglot_zip, name)
     (worker,) = start_pool(1, study, url, tmp_path, "--procs-per-trial", "2")
     deadline = time.monotonic() + 300
     fold, ranks = None, []
@@ -101,7 +112,8 @@ def test_ray_trials_train_their_folds_as_two_ranks(tmp_path, omniglot_zip):
         "preset": "cpu",
         "loss": {"name": "contrastive"},
         "search": {"trials": 1, "sampler": "gp", "seed": 5},
-        "overrides": {**FAST, "max_epochs": 1, "folds": 2},  # a Ray Train run per fold: ~10 s
+        # a Ray Train run per fold: ~10 s; 2 processes, as the flag says (random crops)
+        "overrides": {**FAST, "max_epochs": 1, "folds": 2, "processes_per_trial": 2},
     }
     study = tmp_path / "ranks-ray.yaml"
     study.write_text(yaml.safe_dump(doc))
@@ -128,7 +140,7 @@ def test_study_run_trains_two_rank_folds_into_the_usual_tables(tmp_path, omniglo
     """The local backend (``mlrc study run --procs-per-trial 2``) on SQLite: a complete study,
     one row per fold, each fold's provenance naming its 2 processes, the status line saying so."""
     url = f"sqlite:///{tmp_path / 'local.db'}"
-    study = pool_study(tmp_path, omniglot_zip, "ranks-local", trials=1)
+    study = ranked_study(tmp_path, omniglot_zip, "ranks-local")
     r = subprocess.run(
         [sys.executable, "-m", "mlrc.cli", "study", "run", str(study), "--storage", url]
         + ["--artifacts", str(tmp_path / "art"), "--procs-per-trial", "2", "--quiet"],

@@ -34,7 +34,7 @@ TRIALS = 8  # the cancel/requeue test's budget
 ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
-def write_study(tmp: Path, name: str, trials: int) -> Path:
+def write_study(tmp: Path, name: str, trials: int, **over: object) -> Path:
     doc = {
         "name": name,
         "dataset": {"name": "glyphs", "params": {"size": 24}},
@@ -42,7 +42,7 @@ def write_study(tmp: Path, name: str, trials: int) -> Path:
         "loss": {"name": "contrastive"},
         "search": {"trials": trials, "sampler": "tpe", "seed": 0},
         "test": {"reproductions": 2},
-        "overrides": SMALL,
+        "overrides": {**SMALL, **over},
     }
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -181,7 +181,8 @@ def test_a_job_runs_one_two_rank_worker(cluster, tmp_path, fresh_database):
     from mlrc.search.backends import slurm
 
     url = with_password(fresh_database)
-    study = write_study(tmp_path, "slurm-k2", trials=1)
+    # its crops are random: K is the study's (processes_per_trial), the flag must match it
+    study = write_study(tmp_path, "slurm-k2", trials=1, processes_per_trial=2)
     art = tmp_path / "shared-artifacts"
     env = {**cluster.env(), "MLRC_STORAGE": url, "OMP_NUM_THREADS": "1"}
     out = mlrc(
