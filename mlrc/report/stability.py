@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from mlrc.protocol.scoring import higher_is_better
 from mlrc.report.layout import metric_label, row_label, table_blocks
 from mlrc.report.summary import SAMPLES, with_defaults
 from mlrc.report.values import UNMARKED_METRICS
@@ -162,10 +163,14 @@ class _Block:
         by = lines.set_index(["study", "mode", "metric"])
         self.mean = {c: {} for c in self.columns}
         self.samples: dict[tuple[str, str], dict[str, np.ndarray]] = {c: {} for c in self.columns}
+        # oriented: an error rate (FNMR) enters negated, so that higher is better in every
+        # column and τ, the best row kept and flips read alike for every metric
         for (study, mode, metric), r in by.iterrows():
-            self.mean[(mode, metric)][study] = float(r["mean"])
+            sign = 1.0 if higher_is_better(metric) else -1.0
+            self.mean[(mode, metric)][study] = sign * float(r["mean"])
             if SAMPLES in by.columns and isinstance(r[SAMPLES], tuple):
-                self.samples[(mode, metric)][study] = np.asarray(r[SAMPLES], dtype=np.float64)
+                values = np.asarray(r[SAMPLES], dtype=np.float64)
+                self.samples[(mode, metric)][study] = sign * values
         self.max_n = int(lines["n"].max()) if len(lines) else 0
 
     def common(self, *columns: tuple[str, str]) -> list[str]:

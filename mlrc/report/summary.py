@@ -14,7 +14,8 @@ import pandas as pd
 from scipy import stats
 
 from mlrc.protocol import confidence_interval
-from mlrc.report.values import META_COLUMNS, UNMARKED_METRICS
+from mlrc.protocol.scoring import higher_is_better
+from mlrc.report.values import META_COLUMNS, SIZES, UNMARKED_METRICS
 
 __all__ = [
     "ALPHA",
@@ -56,6 +57,8 @@ TIDY_COLUMNS = [
     "untrained_test",  # True: every test fold kept epoch 0, the untrained model
     "warm_start",  # the study's warm start ("study X top 5 (trials 3, 7)"), "" for none
     "pruning_risk",  # a pruned study's rules' risk measured by replay on the corpus, or ""
+    "fold_models",  # the study's folds: the models a separated line averages (baseline: empty)
+    "embedding_size",  # one fold model's output size; a concatenated line: fold_models × it
 ]
 # after the tidy columns when a line has it: computed after the fact from stored embeddings
 AFTER_COLUMN = "after_the_fact"
@@ -108,6 +111,8 @@ def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
         "warm_start": "",
         "after_the_fact": False,
         "rescore_note": "",
+        "fold_models": pd.NA,
+        "embedding_size": pd.NA,
     }
     for c, v in defaults.items():
         if c not in values.columns:
@@ -119,7 +124,7 @@ def with_defaults(values: pd.DataFrame) -> pd.DataFrame:
 
 def summarize(values: pd.DataFrame, level: float = 0.95, alpha: float = ALPHA) -> pd.DataFrame:
     """Tidy summary, one line per (study or baseline, mode, metric), in percent, in the order of
-    ``values``: mean, CI half-width, n, low, high; ``best`` (highest mean of its dataset ×
+    ``values``: mean, CI half-width, n, low, high; ``best`` (best mean of its dataset ×
     protocol × mode × metric), ``best_row`` (the studies with their block's highest concatenated
     MAP@R), ``p_value`` (Welch's t-test against the column's best study in the block; NaN for
     that study itself and when n < 2 on either side) and ``not_worse`` (True for the best study
@@ -161,7 +166,7 @@ def _intervals(values: pd.DataFrame, level: float) -> tuple[pd.DataFrame, list[n
     summary = pd.DataFrame(out, columns=columns)
     for c in ("baseline", "test_set_selection", "archived", "untrained_test", "after_the_fact"):
         summary[c] = summary[c].astype(bool)
-    for c in ("trials_budget", "complete_trials", "nonfinite_trials", "failed_trials"):
+    for c in ("trials_budget", "complete_trials", "nonfinite_trials", "failed_trials", *SIZES):
         summary[c] = summary[c].astype("Int64")
     return summary, samples
 
@@ -176,9 +181,13 @@ def _mark(summary: pd.DataFrame, samples: list[np.ndarray], alpha: float) -> Non
     compared = summary[
         ~summary["baseline"] & ~summary["archived"] & ~summary["metric"].isin(UNMARKED_METRICS)
     ]
-    for _, col in compared.groupby(["dataset", "protocol", "mode", "metric"], sort=False):
-        # exact ties: every row with the top mean is the column's best, and none is tested
-        tied = col.index[col["mean"] == col["mean"].max()]
+    for (*_, metric), col in compared.groupby(
+        ["dataset", "protocol", "mode", "metric"], sort=False
+    ):
+        # exact ties: every row with the best mean (the lowest for an error rate) is the
+        # column's best, and none is tested
+        oriented = col["mean"] if higher_is_better(metric) else -col["mean"]
+        tied = col.index[oriented == oriented.max()]
         summary.loc[tied, "best"] = True
         summary.loc[tied, "not_worse"] = True
         for i in col.index.drop(tied):

@@ -14,6 +14,7 @@ from mlrc.protocol.scoring.base import (
     MetricInfo,
     PairScores,
     Ranked,
+    higher_is_better,
     parse_metrics,
     register,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "PairScores",
     "Ranked",
     "Scores",
+    "higher_is_better",
     "list_metrics",
     "parse_metrics",
     "register",

@@ -183,6 +183,22 @@ def _value(item: str, text: str, kind: ParamType) -> Any:
     return int(number) if kind.kind == "integer" else number
 
 
+def higher_is_better(key: str) -> bool:
+    """Direction of a result column ``key`` as stored (``"fnmr_at_fmr_0.1"``, ``"map_at_r"``):
+    the registered metric whose column name it is says (False for error rates such as FNMR);
+    a column no registered metric names (NMI, a built-in test-stage column) is higher-better."""
+    for info in (METRICS.info(n) for n in METRICS.available()):
+        if key == info.key_without or _template(info.key).fullmatch(key):
+            return info.higher_is_better
+    return True
+
+
+def _template(key: str) -> re.Pattern[str]:
+    """``"fnmr_at_fmr_{fmr}"`` → a pattern of the column names it formats to."""
+    parts = re.split(r"\{[^}]*\}", key)
+    return re.compile(".+".join(re.escape(p) for p in parts))
+
+
 def check_needs(metrics: list[Metric], given: set[str]) -> None:
     """One-line ``ValueError`` naming the first metric whose extra inputs were not given."""
     for m in metrics:
