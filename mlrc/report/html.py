@@ -25,6 +25,7 @@ from mlrc.report.figures import (
     retrieval_map_figure,
     test_figure,
 )
+from mlrc.report.layout import sizes_of
 from mlrc.report.snapshot import FoldCurve, Retrieval, Snapshot, StudyData, TrialRow
 
 if TYPE_CHECKING:
@@ -154,10 +155,13 @@ def _tests_section(snap: Snapshot) -> str:
     if fig is None:
         results = _note("test", "No test results yet for these studies: run mlrc study test.")
     else:
+        sizes = sizes_of(snap.summary)
+        k, d = sizes or (None, None)
+        models = f"the {k} {d}-D fold models" if sizes else "a study's fold models"
+        joined = f"their {k * d}-D concatenation" if sizes else "their concatenation"
         caption = (
             "Test MAP@R in %, mean over n reproductions with the 95% t-interval "
-            "(error bars: half-width); separated = mean of the four 128-D fold models, "
-            "concatenated = their 512-D concatenation."
+            f"(error bars: half-width); separated = mean of {models}, concatenated = {joined}."
         )
         if snap.summary["test_set_selection"].any():
             caption += f" {tables.SECTION}: {tables.TRADITIONAL_TITLE} (leakage; one model)."
@@ -319,7 +323,8 @@ def _retrieval_view(study: StudyData, sid: str) -> str:
     else:
         n, shown = view.data.get("n"), len((view.data.get("map") or {}).get("x") or [])
         caption = (
-            f"The test embeddings (512-D, L2-normalised) in 2-D by {esc(method.upper())}: "
+            f"The test embeddings ({_concatenated(study)}, L2-normalised) in 2-D by "
+            f"{esc(method.upper())}: "
             f"{shown} of {n} test images, coloured by class; stars: the sample queries."
         )
         chart = _figure_html(fig, f"{sid}-retrieval-map", "retrieval-map", study.name, caption)
@@ -327,12 +332,22 @@ def _retrieval_view(study: StudyData, sid: str) -> str:
         name=esc(study.name) + (f" ({tables.ARCHIVED})" if study.archived else ""),
         reproduction=view.reproduction,
         map_at_r=_fmt(view.map_at_r) + (f" {tables.SECTION}" if study.test_set_selection else ""),
-        queries=_retrieval_grid(view),
+        queries=_retrieval_grid(view, _concatenated(study)),
+        embedding=esc(_concatenated(study)),
         map=chart,
     )
 
 
-def _retrieval_grid(view: Retrieval) -> str:
+def _concatenated(study: StudyData) -> str:
+    """The study's test embedding in words: ``512-D concatenated`` (4 × 128), ``512-D`` (one
+    model), ``concatenated`` (sizes not recorded)."""
+    if study.sizes is None:
+        return "concatenated"
+    k, d = study.sizes
+    return f"{d}-D" if k == 1 else f"{k * d}-D concatenated"
+
+
+def _retrieval_grid(view: Retrieval, embedding: str) -> str:
     """One row per sample query: its image, then its k nearest other test images in order."""
     queries = view.data.get("queries") or []
     if not queries:
@@ -352,7 +367,7 @@ def _retrieval_grid(view: Retrieval) -> str:
     ]
     caption = (
         f"Sample test queries (one per class, seeded) and their {k} nearest other test images "
-        "by the 512-D embedding, nearest first; border green: same class as the query, red: "
+        f"by the {embedding} embedding, nearest first; border green: same class as the query, red: "
         "another class."
     )
     return (

@@ -5,15 +5,17 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 import pandas as pd
 
 from mlrc.report.layout import (
     COLUMNS,
     METRIC_LABELS,
-    MODE_LABELS,
     Block,
     Cell,
     legend,
+    mode_label,
     table_blocks,
 )
 from mlrc.report.legend import DAGGER, DDAGGER, SECTION, TRADITIONAL_TITLE, WARM
@@ -53,7 +55,7 @@ def _cell(c: Cell | None) -> str:
 
 def _traditional_header(b: Block) -> list[str]:
     """The column names of a traditional block's one model (R@1, …, MAP@R, Epoch)."""
-    names = " & ".join(latex_escape(b.label(m)) for _, m in b.columns)
+    names = " & ".join(latex_text(b.label(m)) for _, m in b.columns)
     return [rf" & & {names} \\", rf"\cmidrule(lr){{3-{2 + len(b.columns)}}}"]
 
 
@@ -61,7 +63,9 @@ def latex_table(summary: pd.DataFrame, standalone: bool = False) -> str:
     """The tabular with its legend (``standalone``: as a complete document)."""
     blocks = table_blocks(summary)
     width = max([len(COLUMNS)] + [len(b.columns) for b in blocks])  # value columns
-    seps = " & ".join(rf"\multicolumn{{3}}{{c}}{{{MODE_LABELS[m]}}}" for m in MODES)
+    sizes = {b.sizes for b in blocks if not b.traditional}
+    common = sizes.pop() if len(sizes) == 1 else None  # one header row serves every block
+    seps = " & ".join(rf"\multicolumn{{3}}{{c}}{{{mode_label(m, common)}}}" for m in MODES)
     metrics = " & ".join(METRIC_LABELS[m] for m in METRIC_COLUMNS)
     lines = [
         r"\begin{tabular}{l r " + "c" * width + "}",
@@ -71,11 +75,11 @@ def latex_table(summary: pd.DataFrame, standalone: bool = False) -> str:
         rf"Loss & $n$ & {metrics} & {metrics} \\",
     ]
     for b in blocks:
-        title = rf"\textit{{{latex_escape(b.dataset)}}}"
+        title = rf"\textit{{{latex_text(b.dataset)}}}"
         if b.traditional:
             title += rf" --- {latex_text(TRADITIONAL_TITLE)}"
         if b.diff:  # the fields are in the legend: a long list would widen the table
-            title += rf" --- protocol {latex_escape(b.protocol)}"
+            title += rf" --- protocol {latex_text(b.protocol)}"
         lines += [r"\midrule", rf"\multicolumn{{{width + 2}}}{{l}}{{{title}}} \\"]
         if b.traditional or b.after:  # its own columns (with metrics computed after the fact)
             lines += _traditional_header(b)
@@ -109,23 +113,88 @@ def latex_table(summary: pd.DataFrame, standalone: bool = False) -> str:
 
 
 def latex_text(s: str) -> str:
-    """Escaped text with the report's symbols in LaTeX (pdflatex's utf8 lacks some of them)."""
-    return (
-        latex_escape(s)
-        .replace("±", r"$\pm$")
-        .replace("≥", r"$\geq$")
-        .replace(DAGGER, r"$^{\dagger}$")
-        .replace(DDAGGER, r"$^{\ddagger}$")
-        .replace(SECTION, r"\S{}")
-        .replace(WARM, r"\P{}")
-        .replace("…", r"\ldots{}")
-        .replace("τ", r"$\tau$")
-        .replace("↔", r"$\leftrightarrow$")
-        .replace("·", r"$\cdot$")
-        .replace("−", "$-$")
-        .replace("—", "---")
-        .replace("–", "--")
-    )
+    """Escaped text with the report's symbols in LaTeX: pdflatex's utf8 input knows Latin-1
+    but stops on ρ, π, →, ≤ …; those become math (:data:`_SYMBOLS`, Greek letters by name),
+    and any other character beyond Latin-1 its Unicode name, so the document always compiles."""
+    return "".join(_latex_char(c) for c in latex_escape(s))
+
+
+_SYMBOLS = {
+    "±": r"$\pm$",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+    "≠": r"$\neq$",
+    "≈": r"$\approx$",
+    "×": r"$\times$",
+    "∞": r"$\infty$",
+    DAGGER: r"$^{\dagger}$",
+    DDAGGER: r"$^{\ddagger}$",
+    SECTION: r"\S{}",
+    WARM: r"\P{}",
+    "…": r"\ldots{}",
+    "→": r"$\rightarrow$",
+    "←": r"$\leftarrow$",
+    "↔": r"$\leftrightarrow$",
+    "·": r"$\cdot$",
+    "−": "$-$",
+    "—": "---",
+    "–": "--",
+    "‘": "`",
+    "’": "'",
+    "“": "``",
+    "”": "''",
+}
+# capital Greek letters that LaTeX writes as Latin ones (it has no \Alpha)
+_LATIN_GREEK = {"ALPHA": "A", "BETA": "B", "EPSILON": "E", "ZETA": "Z", "ETA": "H", "IOTA": "I"}
+_LATIN_GREEK |= {"KAPPA": "K", "MU": "M", "NU": "N", "OMICRON": "O", "RHO": "P", "TAU": "T"}
+_LATIN_GREEK |= {"CHI": "X"}
+# the Greek letters plain LaTeX has (capitals: those not in _LATIN_GREEK)
+_GREEK = set(
+    [
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+        "epsilon",
+        "zeta",
+        "eta",
+        "theta",
+        "iota",
+        "kappa",
+        "lambda",
+        "mu",
+        "nu",
+        "xi",
+        "pi",
+        "rho",
+        "sigma",
+        "tau",
+        "upsilon",
+        "phi",
+        "chi",
+        "psi",
+        "omega",
+    ]
+)
+
+
+def _latex_char(c: str) -> str:
+    """One character of escaped text as pdflatex (T1, utf8) takes it."""
+    if c in _SYMBOLS:
+        return _SYMBOLS[c]
+    if ord(c) < 256:
+        return c
+    name = unicodedata.name(c, "")
+    if name.startswith(("GREEK SMALL LETTER ", "GREEK CAPITAL LETTER ")):
+        letter = name.split(" LETTER ", 1)[1].split(" WITH ")[0]  # accents dropped
+        letter = {"LAMDA": "LAMBDA", "FINAL SIGMA": "SIGMA"}.get(letter, letter)
+        if "CAPITAL" in name and letter in _LATIN_GREEK:
+            return _LATIN_GREEK[letter]
+        if letter.lower() in _GREEK:
+            return rf"$\{letter.capitalize() if 'CAPITAL' in name else letter.lower()}$"
+        if letter == "OMICRON":
+            return "o"
+    return f"[{name.lower() or f'U+{ord(c):04X}'}]"
 
 
 def latex_document(body: str) -> str:

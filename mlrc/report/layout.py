@@ -28,6 +28,7 @@ from mlrc.report.legend import (
     UNTRAINED_NOTE,
     WARM,
     WARM_NOTE,
+    values_line,
 )
 from mlrc.report.rescored import rescored_label
 from mlrc.report.summary import with_defaults
@@ -46,13 +47,15 @@ __all__ = [
     "compute_notes",
     "legend",
     "metric_label",
+    "mode_label",
     "notes",
     "rescore_notes",
     "row_label",
+    "sizes_of",
     "table_blocks",
 ]
 
-MODE_LABELS = {"separated": "Separated (128-D)", "concatenated": "Concatenated (512-D)"}
+MODE_LABELS = {"separated": "Separated", "concatenated": "Concatenated"}
 METRIC_LABELS = {"map_at_r": "MAP@R", "precision_at_1": "P@1", "r_precision": "R-Prec"}
 BASELINE_KINDS = ("pretrained", "random_init")
 COLUMNS = [(mode, m) for mode in MODES for m in METRIC_COLUMNS]  # a row's cells, in order
@@ -63,6 +66,29 @@ def metric_label(metric: str) -> str:
     if metric.startswith("recall_at_"):
         return f"R@{metric.removeprefix('recall_at_')}"
     return "Epoch" if metric in UNMARKED_METRICS else METRIC_LABELS[metric]
+
+
+def mode_label(mode: str, sizes: tuple[int, int] | None) -> str:
+    """``Separated (D-D)`` / ``Concatenated (K·D-D)`` for ``sizes`` = (K fold models, D);
+    the bare mode when the sizes are not one pair."""
+    if sizes is None:
+        return MODE_LABELS[mode]
+    k, d = sizes
+    return f"{MODE_LABELS[mode]} ({d if mode == 'separated' else k * d}-D)"
+
+
+def sizes_of(lines: pd.DataFrame) -> tuple[int, int] | None:
+    """The one (fold models, embedding size) pair of ``lines``' studies, or None (none
+    recorded, or several)."""
+    if "fold_models" not in lines.columns:
+        return None
+    studies = lines[~lines["baseline"]]
+    pairs = {
+        (int(k), int(d))
+        for k, d in zip(studies["fold_models"], studies["embedding_size"], strict=True)
+        if not (pd.isna(k) or pd.isna(d))
+    }
+    return pairs.pop() if len(pairs) == 1 else None
 
 
 def block_columns(dataset: str, traditional: bool) -> list[tuple[str, str]]:
@@ -135,6 +161,12 @@ class Block:
     warm: list[tuple[str, str]] = field(default_factory=list)  # (row label, its warm start)
     after: list[str] = field(default_factory=list)  # metrics computed after the fact (rescore)
     rescore: list[tuple[str, str]] = field(default_factory=list)  # (row label, why it lacks them)
+    sizes: tuple[int, int] | None = None  # (fold models, embedding size) of its studies
+
+    def mode_label(self, mode: str) -> str:
+        """A mode's heading with its embedding size for this block's studies:
+        ``Separated (128-D)`` and ``Concatenated (512-D)`` for 4 folds of 128-D."""
+        return mode_label(mode, self.sizes)
 
     def label(self, metric: str) -> str:
         """A column's name (:func:`metric_label`), marked when computed after the fact."""
@@ -270,6 +302,7 @@ def _block(dataset: str, protocol: str, d: pd.DataFrame) -> Block:
         warm=acc.warm,
         after=after,
         rescore=acc.rescore,
+        sizes=sizes_of(d),
     )
 
 
@@ -407,4 +440,9 @@ def legend(summary: pd.DataFrame, blocks: list[Block]) -> list[str]:
     """The legend of a table of ``blocks``: the marks (:data:`LEGEND`; with traditional blocks
     only, :data:`LEGEND_ONE_MODEL`), then its notes."""
     one_model = bool(blocks) and all(b.traditional for b in blocks)
-    return (LEGEND_ONE_MODEL if one_model else LEGEND) + notes(summary, blocks)
+    if one_model:
+        return LEGEND_ONE_MODEL + notes(summary, blocks)
+    sizes = {b.sizes for b in blocks if not b.traditional}
+    return [values_line(sizes.pop() if len(sizes) == 1 else None), *LEGEND[1:]] + notes(
+        summary, blocks
+    )

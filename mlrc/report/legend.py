@@ -20,6 +20,7 @@ __all__ = [
     "RETRIEVAL_NOTES",
     "pruning_label",
     "risk_text",
+    "values_line",
     "SECTION",
     "TRADITIONAL_NOTE",
     "TRADITIONAL_TITLE",
@@ -34,7 +35,7 @@ SECTION = "§"  # after the label of a study whose epoch was chosen on the test 
 WARM = "¶"  # after the label of a study whose search was warm-started (search.warm_start)
 LEGEND = [
     "Values in %: mean ± half-width of the 95% Student-t confidence interval over the n "
-    "reproductions (separated: mean of the four 128-D fold models; concatenated: their 512-D "
+    "reproductions (separated: mean of a study's fold models; concatenated: their "
     "concatenation).",
     "Bold: best mean in its column within its block. "
     "Underlined: the block's best row (highest concatenated MAP@R).",
@@ -44,6 +45,21 @@ LEGEND = [
     f"for the highest MAP@R underlined); another row gets {DAGGER} when no test against them "
     "gives p < 0.05.",
 ]
+
+
+def values_line(sizes: tuple[int, int] | None) -> str:
+    """The legend's first line, with the fold models' number and sizes when every block has
+    the same (``sizes`` = (fold models, embedding size)); :data:`LEGEND`'s words otherwise."""
+    if sizes is None:
+        return LEGEND[0]
+    k, d = sizes
+    return (
+        "Values in %: mean ± half-width of the 95% Student-t confidence interval over the n "
+        f"reproductions (separated: mean of the {k} {d}-D fold models; concatenated: their "
+        f"{k * d}-D concatenation)."
+    )
+
+
 # The marks when every block is traditional: one model per reproduction, no separated or
 # concatenated modes to explain.
 LEGEND_ONE_MODEL = [

@@ -25,6 +25,7 @@ from mlrc.config.presets import objective_label
 from mlrc.errors import first_line
 from mlrc.report.legend import pruning_label, risk_text
 from mlrc.report.tables import collect, is_nonfinite, is_traditional, select_studies, summarize
+from mlrc.report.values import model_sizes
 from mlrc.store import reads
 from mlrc.store.optuna_tables import has_optuna_tables
 from mlrc.store.snapshot import StoredStudies, read_studies
@@ -121,6 +122,7 @@ class StudyData:
     curve_label: str = "val MAP@R"  # what its fold curves show, per epoch
     archived: bool = False  # archived by --force-new (NAME.old-K): replaced by study NAME
     pruning: str = ""  # its pruning rules and their measured risk ("" when it prunes nothing)
+    sizes: tuple[int, int] | None = None  # (fold models, embedding size), None: not recorded
 
 
 @dataclass
@@ -245,9 +247,17 @@ def _study_data(stored: StoredStudies) -> list[StudyData]:
             "test MAP@R §" if is_traditional(st.config) else "val MAP@R",
             reads.archived_of(st.name) is not None,
             _pruning(st.config, st.settings),
+            _sizes(st.config),
         )
         for st in stored.studies
     ]
+
+
+def _sizes(config: Any) -> tuple[int, int] | None:
+    """(fold models, embedding size) of a study's configuration, None where it does not say."""
+    sizes = model_sizes(config)
+    k, d = sizes["fold_models"], sizes["embedding_size"]
+    return None if k is None or d is None else (k, d)
 
 
 def _trials(stored: StoredStudies) -> dict[int, list[TrialRow]]:

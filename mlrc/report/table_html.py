@@ -8,7 +8,6 @@ import html
 import pandas as pd
 
 from mlrc.report.layout import (
-    MODE_LABELS,
     Block,
     Cell,
     Row,
@@ -59,11 +58,12 @@ def _head(b: Block) -> list[str]:
     over its Recall@K, MAP@R and Epoch."""
     esc = html.escape
     if b.traditional:
-        groups = f'<th colspan="{len(b.columns)}">one model (512-D), epoch chosen on test</th>'
+        size = f" ({b.sizes[1]}-D)" if b.sizes else ""
+        groups = f'<th colspan="{len(b.columns)}">one model{size}, epoch chosen on test</th>'
         names = "".join(f"<th>{esc(metric_label(m))}</th>" for _, m in b.columns)
     else:
         width = len(b.columns) // len(MODES)  # each mode's metrics (after the fact too)
-        groups = "".join(f'<th colspan="{width}">{esc(MODE_LABELS[m])}</th>' for m in MODES)
+        groups = "".join(f'<th colspan="{width}">{esc(b.mode_label(m))}</th>' for m in MODES)
         names = "".join(f"<th>{esc(b.label(m))}</th>" for _, m in b.columns)
     return [
         '<tr><th rowspan="2" class="label">Loss</th><th rowspan="2">n</th>' + groups + "</tr>",

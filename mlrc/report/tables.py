@@ -26,7 +26,7 @@ baseline in the store (stores written before baselines were computed) adds none.
 
 Marks, within one block (a block with a single study row has nothing to compare and gets none):
 
-* **bold** — the best (highest) mean in its column; exact ties are all bold.
+* **bold** — the best mean in its column (the highest; the lowest for an error rate such as FNMR); exact ties are all bold.
 * underline — the block's best row: the highest concatenated (512-D) MAP@R, the reality check's
   headline number (separated MAP@R when no row has a concatenated result); exact ties are all
   underlined. Only the row label is underlined, so it does not collide with the bold cells.

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "META_COLUMNS",
     "MODES",
+    "SIZES",
     "TRADITIONAL_MODE",
     "UNMARKED_METRICS",
     "VALUE_COLUMNS",
@@ -35,6 +36,7 @@ __all__ = [
     "collect",
     "is_nonfinite",
     "is_traditional",
+    "model_sizes",
     "select_studies",
     "traditional_metrics",
     "trials_budget",
@@ -64,7 +66,10 @@ META_COLUMNS = [
     "warm_start",  # "study X top 5 (trials 3, 7)": its search started from another's best, or ""
     "after_the_fact",  # the line's metric was computed after the fact from stored embeddings
     "rescore_note",  # why a study lacks the --metrics asked for (mlrc.report.rescored), or ""
+    "fold_models",  # its folds: the fold models a separated row averages (None: a baseline)
+    "embedding_size",  # one fold model's embedding size (concatenated: fold_models × it)
 ]
+SIZES = ("fold_models", "embedding_size")  # META_COLUMNS read from each study's configuration
 TRADITIONAL_MODE = "concatenated"  # a traditional study's one model (its aggregate row)
 EPOCH = "best_epoch"  # the epoch chosen on the test classes, in epochs (not a percentage)
 UNMARKED_METRICS = (EPOCH,)  # shown with its interval, never bold, †, underlined or tested
@@ -159,6 +164,15 @@ def trials_budget(config: Any) -> int | None:
         if isinstance(value, int):
             return value
     return None
+
+
+def model_sizes(config: Any) -> dict[str, int | None]:
+    """A study's ``fold_models`` (its resolved ``folds``) and ``embedding_size`` (one fold
+    model's output dimension) from its stored configuration; None where it does not say."""
+    preset = (config or {}).get("preset") if isinstance(config, dict) else None
+    preset = preset if isinstance(preset, dict) else {}
+    sizes = {"fold_models": preset.get("folds"), "embedding_size": preset.get("embedding_size")}
+    return {k: v if isinstance(v, int) else None for k, v in sizes.items()}
 
 
 def _trial_counts(
@@ -280,6 +294,8 @@ def _baseline_rows(
                         "failures": "",
                         "pruning_risk": "",
                         "warm_start": "",
+                        "fold_models": None,
+                        "embedding_size": None,
                         "_order": (*g.rank, 0, i),
                         "_metric": j,
                     }
@@ -305,7 +321,7 @@ def _values_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     values = pd.DataFrame(rows, columns=VALUE_COLUMNS)
     values["after_the_fact"] = values["after_the_fact"].eq(True)  # set by add_rescored only
     values["rescore_note"] = values["rescore_note"].where(values["rescore_note"].notna(), "")
-    for c in ("trials_budget", "complete_trials", "nonfinite_trials", "failed_trials"):
+    for c in ("trials_budget", "complete_trials", "nonfinite_trials", "failed_trials", *SIZES):
         values[c] = values[c].astype("Int64")
     for c in ("baseline", "test_set_selection", "archived", "untrained_test"):
         values[c] = values[c].astype(bool)
@@ -401,6 +417,7 @@ def _study_meta(
             "untrained_test": _untrained(test_epochs.get(st.id)),
             "pruning_risk": risk_text((st.settings or {}).get("pruning_risk")),
             "warm_start": warm_start(st.config, history.get(st.id, [])),
+            **model_sizes(st.config),
         }
         for g in groups
         for st in g.studies

@@ -8,7 +8,7 @@ Every string from the store that goes into a label is escaped first
 (:func:`~mlrc.report.figures.common.label`).
 """
 
-from mlrc.report.figures.common import MODE_COLORS, MODE_LABELS, label, layout
+from mlrc.report.figures.common import MODE_COLORS, label, layout
 from mlrc.report.figures.optuna_plots import OptunaFigures, OptunaPlots
 from mlrc.report.figures.results import test_figure
 from mlrc.report.figures.retrieval import MAP_LEGEND_CLASSES, retrieval_map_figure
@@ -18,7 +18,6 @@ __all__ = [
     "MAP_LEGEND_CLASSES",
     "MAX_VISIBLE_TRIALS",
     "MODE_COLORS",
-    "MODE_LABELS",
     "OptunaFigures",
     "OptunaPlots",
     "fold_curves_figure",

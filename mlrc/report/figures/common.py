@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["MODE_COLORS", "MODE_LABELS", "label", "layout"]
+__all__ = ["MODE_COLORS", "label", "layout"]
 
-MODE_LABELS = {"separated": "separated (128-D)", "concatenated": "concatenated (512-D)"}
 MODE_COLORS = {"separated": "#4C78A8", "concatenated": "#F58518"}
 
 

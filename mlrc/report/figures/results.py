@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from mlrc.report.figures.common import MODE_COLORS, MODE_LABELS, label, layout
+from mlrc.report.figures.common import MODE_COLORS, label, layout
+from mlrc.report.layout import mode_label, sizes_of
 from mlrc.report.tables import ARCHIVED, SECTION, row_label, with_defaults
 
 if TYPE_CHECKING:
@@ -40,16 +41,20 @@ def test_figure(summary: pd.DataFrame) -> go.Figure | None:
         ],
         horizontal_spacing=0.06,
     )
+    sizes = sizes_of(data)  # the legend names the sizes when every panel shares them
+    names = {m: mode_label(m, sizes).lower() for m in MODE_COLORS}
     for col, (dataset, protocol) in enumerate(blocks, start=1):
         block = data[(data["dataset"] == dataset) & (data["protocol"] == protocol)]
-        _add_test_block(fig, block, col, {"dataset": dataset, "protocol": protocol})
+        _add_test_block(fig, block, col, {"dataset": dataset, "protocol": protocol}, names)
     fig.update_yaxes(title_text="test MAP@R (%)", row=1, col=1)
     return layout(
         fig, height=420, scattermode="group", scattergap=0.6, legend={"orientation": "h", "y": 1.12}
     )
 
 
-def _add_test_block(fig: go.Figure, block: pd.DataFrame, col: int, where: dict[str, str]) -> None:
+def _add_test_block(
+    fig: go.Figure, block: pd.DataFrame, col: int, where: dict[str, str], names: dict[str, str]
+) -> None:
     """One panel: the block's baselines, then its studies, each mode as a dot with whiskers."""
     base = block[block["baseline"]]
     d = block[~block["baseline"]]
@@ -58,9 +63,11 @@ def _add_test_block(fig: go.Figure, block: pd.DataFrame, col: int, where: dict[s
     labels = _study_labels(d, studies)
     for mode in ("separated", "concatenated"):
         meta = {**where, "mode": mode}
-        fig.add_trace(_test_trace(d, studies, labels, mode, col, meta), row=1, col=col)
+        trace = _test_trace(d, studies, labels, mode, col, meta)
+        fig.add_trace(trace.update(name=names[mode]), row=1, col=col)
         if baselines:
-            fig.add_trace(_baseline_trace(base, baselines, mode, meta), row=1, col=col)
+            trace = _baseline_trace(base, baselines, mode, meta)
+            fig.add_trace(trace.update(name=f"untrained, {names[mode]}"), row=1, col=col)
     order = [label(b) for b in baselines] + labels
     fig.update_xaxes(categoryorder="array", categoryarray=order, row=1, col=col)
 
@@ -101,7 +108,6 @@ def _test_trace(
             "visible": True,
             "thickness": 2,
         },
-        name=MODE_LABELS[mode],
         legendgroup=mode,
         offsetgroup=mode,
         showlegend=col == 1,
@@ -124,7 +130,6 @@ def _baseline_trace(base: pd.DataFrame, baselines: list[str], mode: str, meta: d
         x=[label(b) for b in baselines],
         y=[_num(rows[b]["mean"]) if b in rows else None for b in baselines],
         mode="markers",
-        name=f"untrained, {MODE_LABELS[mode]}",
         legendgroup=mode,
         offsetgroup=mode,
         showlegend=False,
