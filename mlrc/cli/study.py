@@ -37,6 +37,7 @@ from mlrc.cli.terminal import (
     check_device,
     check_out,
     console,
+    err_console,
     fail,
     print_report,
     print_status_by_name,
@@ -293,9 +294,10 @@ def study_export_model(
         str,
         typer.Option(
             "--dim",
-            help="512: the four fold models concatenated (MLRC's headline); 128: the best fold",
+            help="concatenated: the K fold models concatenated (K × D dimensions, MLRC's "
+            "headline); fold: the best trained fold model (D); or the number itself",
         ),
-    ] = "512",
+    ] = "concatenated",
     reproduction: Annotated[
         int | None, typer.Option("--reproduction", help="this reproduction (default: the best)")
     ] = None,
@@ -310,14 +312,13 @@ def study_export_model(
     ] = "state-dict",
     force: ForceOpt = False,
 ) -> None:
-    """Write the best test reproduction's model (L2-normalised 512-D or 128-D embeddings) for
-    use outside mlrc; needs the checkpoints kept (artifacts.keep: best)."""
+    """Write the best test reproduction's model (L2-normalised embeddings: the concatenation of
+    its K fold models, K × D dimensions, or one trained fold model, D) for use outside mlrc;
+    needs the checkpoints kept (artifacts.keep: best)."""
     from mlrc import store
     from mlrc.config import load_study
     from mlrc.search.export import export_study_model
 
-    if dim not in ("128", "512"):
-        fail(f"--dim: expected 128 or 512 (got {dim!r})")
     if fmt not in ("state-dict", "export", "onnx"):
         fail(f"--format: expected state-dict, export or onnx (got {fmt!r})")
     check_out(out, overwrite=force, inputs=(study,))
@@ -333,11 +334,19 @@ def study_export_model(
         )
     fold = f", fold {meta['fold']}" if meta["fold"] is not None else ""
     console.print(
-        f"wrote {out}: study {name}, reproduction {meta['reproduction']}{fold}, {dim}-D, "
-        f"test MAP@R {meta['test_map_at_r']:.4f} ({meta['mode']})",
+        f"wrote {out}: study {name}, reproduction {meta['reproduction']}{fold}, "
+        f"{meta['dim']}-D, test MAP@R {meta['test_map_at_r']:.4f} ({meta['mode']})",
         soft_wrap=True,
         highlight=False,
     )
+    if meta["untrained_folds"]:
+        untrained = ", ".join(map(str, meta["untrained_folds"]))
+        err_console.print(
+            f"warning: folds {untrained} of this concatenation kept epoch 0, the untrained "
+            "model (validation never improved on it); its test MAP@R includes them",
+            soft_wrap=True,
+            highlight=False,
+        )
 
 
 @study_app.command("export")

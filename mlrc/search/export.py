@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from mlrc.store import TestResultRecord
 
-__all__ = ["export_study_file", "export_study_model"]
+__all__ = ["export_study_file", "export_study_model", "model_mode"]
 
 
 def export_study_model(
@@ -27,36 +27,32 @@ def export_study_model(
     name: str,
     artifacts: Path,
     out: Path,
-    dim: str = "512",
+    dim: str = "concatenated",
     reproduction: int | None = None,
     fmt: str = "state-dict",
 ) -> dict[str, Any]:
     """Write study ``name``'s model to ``out``: the reproduction with the best test MAP@R
-    (``reproduction``: that one) — its four fold models concatenated (``dim`` "512") or its
-    fold model with the best test MAP@R (``dim`` "128"), in format ``fmt`` (state-dict, export
-    or onnx: :mod:`mlrc.train.export`). Returns what was written (metadata).
-    A study without test results, or whose checkpoints were not kept, or a model ONNX cannot
-    express (``fmt`` "onnx"), is a StudyError."""
+    (``reproduction``: that one) — its K fold models concatenated (``dim`` "concatenated", or
+    the number K·D) or its trained fold model with the best test MAP@R (``dim`` "fold", or the
+    number D), in format ``fmt`` (state-dict, export or onnx: :mod:`mlrc.train.export`).
+    K and D are the study's folds and embedding size. A fold that kept epoch 0 (the untrained
+    model) is never the one fold exported; a concatenation that holds one is exported with
+    ``untrained_folds`` in the metadata. Returns what was written (metadata). A study without
+    test results, a ``dim`` that is not one of its sizes, whose checkpoints were not kept, or
+    a model ONNX cannot express (``fmt`` "onnx"), is a StudyError."""
     row = studies.study_named(engine, name)
     if row is None:
         raise StudyError(f"no study {name!r} in the store")
     rows = results.test_results(engine, row.id)
     if not rows:
         raise StudyError(f"study {name!r} has no test results yet: run `mlrc study test` first")
-    mode = "concatenated" if dim == "512" else "separated"
-    chosen = _chosen_reproduction(name, rows, mode, reproduction)
+    preset = Preset.model_validate(row.config["preset"])
+    mode = model_mode(name, dim, preset.folds, preset.embedding_size)
+    epochs = results.test_fold_epochs(engine, row.id)
+    chosen, folds = _chosen_models(name, rows, mode, reproduction, epochs)
     reproduction = chosen.reproduction
-    per_fold = {
-        r.fold: r.map_at_r
-        for r in rows
-        if r.reproduction == reproduction and r.mode == "separated" and r.fold >= 0
-    }
-    folds = sorted(per_fold)
-    if dim == "128":
-        folds = [max(per_fold, key=lambda f: (per_fold[f], -f))]
-        test_map = per_fold[folds[0]]
-    else:
-        test_map = chosen.map_at_r
+    per_fold = _fold_values(rows, reproduction)
+    test_map = per_fold[folds[0]] if mode == "separated" else chosen.map_at_r
     root = artifact_root(study_folder(artifacts, name), row.config)
     h = params_hash(chosen.params)
     paths = [fold_folder(root, "test", h, reproduction, f) / "best.pt" for f in folds]
@@ -73,13 +69,71 @@ def export_study_model(
         "loss": row.loss,
         "params": chosen.params,
         "reproduction": reproduction,
-        "fold": folds[0] if dim == "128" else None,
+        "fold": folds[0] if mode == "separated" else None,
         "test_map_at_r": test_map,
         "mode": mode,
+        "dim": preset.embedding_size * len(folds),
+        "untrained_folds": [f for f in folds if epochs.get((reproduction, f)) == 0],
         "code_version": code_version(),
     }
-    _export(name, Preset.model_validate(row.config["preset"]), paths, out, meta, fmt)
+    _export(name, preset, paths, out, meta, fmt)
     return meta
+
+
+def model_mode(name: str, dim: str, folds: int, size: int) -> str:
+    """``concatenated`` or ``separated`` (one fold model) for ``dim`` as a user gives it:
+    ``concatenated``, ``fold``, or the number of dimensions, read against the study's own
+    K = ``folds`` models of ``size`` dimensions (K·D concatenated, D one fold)."""
+    by_size = {str(folds * size): "concatenated", str(size): "separated"}
+    words = {"concatenated": "concatenated", "fold": "separated"}
+    if dim in words or dim in by_size:
+        return words.get(dim) or by_size[dim]
+    raise StudyError(
+        f"--dim {dim}: study {name!r} has {folds} fold models of {size}-D: --dim "
+        f"{folds * size} (concatenated) or {size} (one fold), or --dim concatenated|fold"
+    )
+
+
+def _fold_values(rows: list[TestResultRecord], reproduction: int) -> dict[int, float]:
+    """Fold → test MAP@R of each fold model of ``reproduction``."""
+    return {
+        r.fold: r.map_at_r
+        for r in rows
+        if r.reproduction == reproduction and r.mode == "separated" and r.fold >= 0
+    }
+
+
+def _chosen_models(
+    name: str,
+    rows: list[TestResultRecord],
+    mode: str,
+    reproduction: int | None,
+    epochs: dict[tuple[int, int], int | None],
+) -> tuple[TestResultRecord, list[int]]:
+    """The aggregate row of the reproduction to export and its folds: every fold
+    (concatenated), or the trained fold with the best test MAP@R (one fold: a fold that kept
+    epoch 0 is the untrained model, never chosen; the best reproduction that has one)."""
+    if mode == "concatenated":
+        chosen = _chosen_reproduction(name, rows, mode, reproduction)
+        return chosen, sorted(_fold_values(rows, chosen.reproduction))
+    aggregate = {r.reproduction: r for r in rows if r.mode == mode and r.fold == -1}
+    order = (
+        [reproduction]
+        if reproduction is not None
+        else sorted(aggregate, key=lambda k: (-aggregate[k].map_at_r, k))
+    )
+    for rep in order:
+        chosen = _chosen_reproduction(name, rows, mode, rep)
+        per_fold = _fold_values(rows, rep)
+        trained = [f for f in per_fold if epochs.get((rep, f)) != 0]
+        if trained:
+            return chosen, [max(trained, key=lambda f: (per_fold[f], -f))]
+    which = f"reproduction {reproduction}" if reproduction is not None else "any reproduction"
+    raise StudyError(
+        f"study {name!r}: every fold model of {which} kept epoch 0, the untrained model "
+        "(validation never improved on it): no trained fold to export; train longer "
+        "(preset.max_epochs) or export the concatenation (--dim concatenated)"
+    )
 
 
 def _export(

@@ -12,7 +12,14 @@ from sqlalchemy import select
 from mlrc.store.embeddings import write_embedding_file
 from mlrc.store.engine import session, transact, upsert
 from mlrc.store.records import TestResultRecord, from_row
-from mlrc.store.schema import METRIC_COLUMNS, Baseline, RetrievalView, StudyBaseline, TestResult
+from mlrc.store.schema import (
+    METRIC_COLUMNS,
+    Baseline,
+    FoldRun,
+    RetrievalView,
+    StudyBaseline,
+    TestResult,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -25,6 +32,7 @@ __all__ = [
     "record_reproduction",
     "reproduction_results",
     "retrieval_view",
+    "test_fold_epochs",
     "test_results",
     "tested_reproductions",
 ]
@@ -44,6 +52,16 @@ def test_results(engine: Engine, study_id: int) -> list[TestResultRecord]:
     with session(engine) as s:
         rows = s.execute(select(TestResult).filter_by(study_id=study_id)).scalars()
         return [from_row(TestResultRecord, r) for r in rows]
+
+
+def test_fold_epochs(engine: Engine, study_id: int) -> dict[tuple[int, int], int | None]:
+    """(reproduction, fold) → the best epoch its complete test fold kept (0: the untrained
+    model, the epoch validation never improved on)."""
+    query = select(FoldRun.reproduction, FoldRun.fold, FoldRun.best_epoch).where(
+        FoldRun.study_id == study_id, FoldRun.kind == "test", FoldRun.status == "complete"
+    )
+    rows = transact(engine, lambda s: s.execute(query).all(), "reading test folds")
+    return {(rep, fold): epoch for rep, fold, epoch in rows}
 
 
 def tested_reproductions(engine: Engine, study_id: int) -> set[int]:

@@ -1,7 +1,8 @@
 """A trained study's model for use outside mlrc: the best reproduction's fold models as one
-module whose output is MLRC's test-time embedding — L2-normalised, 128-D (one fold model) or
-512-D (the four fold models' normalised embeddings concatenated and normalised again, the
-"concatenated" mode of the reality check).
+module whose output is MLRC's test-time embedding — L2-normalised, D dimensions (one fold
+model, D = the preset's ``embedding_size``) or K·D (the K fold models' normalised embeddings
+concatenated and normalised again, the "concatenated" mode of the reality check; 512 for the
+reference preset's 4 × 128).
 
 Three file formats:
 

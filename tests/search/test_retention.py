@@ -316,7 +316,10 @@ def test_the_exported_model_reproduces_the_stored_test_map_at_r(kept_best, tmp_p
     else:
         per_rep = {r.reproduction: r for r in rows(url, TestResult, mode=mode, fold=-1)}
         rep = max(per_rep, key=lambda k: per_rep[k].map_at_r)
-        best = max((r for r in results if r.reproduction == rep and r.fold >= 0),
+        untrained = {f.fold for f in rows(url, FoldRun, kind="test", reproduction=rep)
+                     if f.best_epoch == 0}  # fmt: skip
+        best = max((r for r in results
+                    if r.reproduction == rep and r.fold >= 0 and r.fold not in untrained),
                    key=lambda r: r.map_at_r)  # fmt: skip
     assert meta["reproduction"] == best.reproduction and meta["dim"] == int(dim)
     assert f"reproduction {best.reproduction}" in said
@@ -328,6 +331,39 @@ def test_the_exported_model_reproduces_the_stored_test_map_at_r(kept_best, tmp_p
     assert naive_map_at_r(emb, labels) == pytest.approx(best.map_at_r, abs=1e-9)
     # PML ranks in float32: the near-ties of this barely trained model may flip a few places
     assert _pml_map_at_r(emb, labels) == pytest.approx(best.map_at_r, abs=2e-3)
+
+
+def test_export_model_never_picks_a_fold_that_kept_epoch_0(kept_best, tmp_path):
+    """Finding 2 of #37: the best fold by test MAP@R kept epoch 0 (the store says so: its
+    validation never improved on the untrained model) — the one-fold export takes the best
+    trained fold instead, and the concatenation says that it holds an untrained fold."""
+
+    from mlrc.train import load_exported
+
+    url, art = kept_best
+    copy = tmp_path / "db.sqlite"
+    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    url = f"sqlite:///{copy}"
+    per_rep = {r.reproduction: r for r in rows(url, TestResult, mode="separated", fold=-1)}
+    rep = max(per_rep, key=lambda k: per_rep[k].map_at_r)
+    folds = sorted((r for r in rows(url, TestResult, mode="separated", reproduction=rep)
+                    if r.fold >= 0), key=lambda r: -r.map_at_r)  # fmt: skip
+    with session(store.connect(url)) as s:  # the best fold becomes one that kept epoch 0
+        for f in s.execute(select(FoldRun).filter_by(kind="test", reproduction=rep)).scalars():
+            f.best_epoch = 0 if f.fold == folds[0].fold else 3
+    base = ["study", "export-model", "r", "--storage", url, "--artifacts", art]
+    said = cli(*base, "--out", tmp_path / "f.pt", "--dim", "fold").output
+    _, meta = load_exported(tmp_path / "f.pt")
+    assert meta["fold"] == folds[1].fold != folds[0].fold
+    assert f"fold {folds[1].fold}, 128-D, test MAP@R {folds[1].map_at_r:.4f}" in said
+    said = cli(*base, "--out", tmp_path / "c.pt", "--reproduction", rep).output
+    assert f"warning: folds {folds[0].fold} of this concatenation kept epoch 0" in said
+    with session(store.connect(url)) as s:  # every fold untrained: nothing to export
+        for f in s.execute(select(FoldRun).filter_by(kind="test")).scalars():
+            f.best_epoch = 0
+    line = cli(*base, "--out", tmp_path / "n.pt", "--dim", "128", code=2).output.strip()
+    assert line.startswith("error: study 'r': every fold model of any reproduction kept epoch 0")
+    assert not (tmp_path / "n.pt").exists()
 
 
 def test_the_torch_export_program_gives_the_same_embeddings_without_mlrc(kept_best, tmp_path):
@@ -360,7 +396,8 @@ def test_export_model_option_errors(kept_best, tmp_path):
     base = ["study", "export-model", "r", "--storage", url, "--artifacts", art, "--out",
             tmp_path / "m.pt"]  # fmt: skip
     assert cli(*base, "--dim", "64", code=2).output.strip() == (
-        "error: --dim: expected 128 or 512 (got '64')"
+        "error: --dim 64: study 'r' has 4 fold models of 128-D: --dim 512 (concatenated) or "
+        "128 (one fold), or --dim concatenated|fold"
     )
     assert "no reproduction 9 (tested: [1, 2])" in cli(*base, "--reproduction", "9", code=2).output
 
