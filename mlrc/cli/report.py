@@ -60,7 +60,7 @@ def report(
     artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
     device: DeviceOpt = "cpu",
 ) -> None:
-    """Test results with 95% CIs: separated (128-D) and concatenated (512-D), in percent.
+    """Test results with 95% CIs: separated (mean of the fold models) and concatenated, in %.
 
     Per dataset a block (one per protocol when its studies' protocols differ), its untrained
     baseline row first. Bold: best mean in its column. Underlined: highest concat. MAP@R.
@@ -88,7 +88,7 @@ def report(
     check_device(device)
     with user_errors():
         engine = store.connect(storage, read_only=True)
-        if asked:
+        if asked:  # (every asked metric may have been one the test stage stored)
             _rescore_first(engine, study, campaign, archived, asked, artifacts, device)
         print_report(engine, study, fmt, out, campaign, standalone, archived, asked)
 
@@ -130,5 +130,23 @@ def metric_keys(text: str) -> dict[str, str]:
             (metric,) = parse_metrics(part)
         except ValueError as e:  # "metrics: unknown metric …"
             fail(f"--{e}")
+        stored = STORED_AS.get(metric.key)
+        if stored is not None:  # the test stage's own value, not a float16 recomputation
+            typer.echo(
+                f"note: --metrics {part}: {stored[1]}, which the test stage stored: shown as "
+                f"{stored[0]}, not computed again",
+                err=True,
+            )
+            continue
         out[metric.key] = part
     return out
+
+
+# columns --metrics may name that the test stage stores itself: column → (its name in the
+# table, why); Recall@1 counts the queries whose nearest item is relevant, as P@1 does
+STORED_AS = {
+    "map_at_r": ("MAP@R", "a column of every table"),
+    "precision_at_1": ("P@1", "a column of every table"),
+    "r_precision": ("R-Prec", "a column of every table"),
+    "recall_at_1": ("P@1", "Recall@1 is P@1 (a query's nearest item relevant or not)"),
+}
