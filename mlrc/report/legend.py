@@ -37,7 +37,8 @@ LEGEND = [
     "Values in %: mean ± half-width of the 95% Student-t confidence interval over the n "
     "reproductions (separated: mean of a study's fold models; concatenated: their "
     "concatenation).",
-    "Bold: best mean in its column within its block. "
+    "Bold: best mean in its column within its block (the lowest for an error rate such as "
+    "FNMR). "
     "Underlined: the block's best row (highest concatenated MAP@R).",
     f"{DAGGER} not significantly worse than the column's best at p ≥ 0.05 (Welch's t-test over "
     "reproductions); the best itself is not marked.",
@@ -65,7 +66,8 @@ def values_line(sizes: tuple[int, int] | None) -> str:
 LEGEND_ONE_MODEL = [
     "Values in %: mean ± half-width of the 95% Student-t confidence interval over the n "
     "reproductions (one model each).",
-    "Bold: best mean in its column within its block. "
+    "Bold: best mean in its column within its block (the lowest for an error rate such as "
+    "FNMR). "
     "Underlined: the block's best row (highest MAP@R).",
     LEGEND[2],
     LEGEND[3],

@@ -26,11 +26,13 @@ _LABELS = {"mrr": "MRR", "map_at_r": "MAP@R", "precision_at_1": "P@1", "r_precis
 
 def rescored_label(metric: str) -> str:
     """A re-scored column's name: ``NDCG@10*`` (``ndcg_at_10``), ``MRR*``, ``mAP@5*``,
-    ``R@10*`` (``recall_at_10``)."""
+    ``R@10*`` (``recall_at_10``), ``FNMR@FMR=0.1*`` (``fnmr_at_fmr_0.1``)."""
     if metric in _LABELS:
         return _LABELS[metric] + AFTER
     name, _, k = metric.partition("_at_")
     name = {"map": "mAP", "recall": "R"}.get(name, name.upper())
+    what, _, value = k.rpartition("_")  # fnmr_at_fmr_0.1: FNMR@FMR=0.1
+    k = f"{what.upper()}={value}" if what else k
     return f"{name}@{k}{AFTER}" if k else f"{name}{AFTER}"
 
 

@@ -41,6 +41,7 @@ from scipy import stats
 
 from mlrc.protocol.scoring import higher_is_better
 from mlrc.report.layout import metric_label, row_label, table_blocks
+from mlrc.report.rescored import AFTER, rescored_label
 from mlrc.report.summary import SAMPLES, with_defaults
 from mlrc.report.values import UNMARKED_METRICS
 
@@ -373,8 +374,8 @@ def _label(metric: str) -> str:
     """The table's name of a metric, or its own name for one the table does not name."""
     try:
         return metric_label(metric)
-    except KeyError:
-        return metric
+    except KeyError:  # computed after the fact: its column's name without the mark
+        return rescored_label(metric).removesuffix(AFTER)
 
 
 def _tau_cell(lines: list[dict[str, Any]]) -> str:

@@ -12,6 +12,7 @@ import pytest
 from scipy import stats
 
 from mlrc.protocol.scoring import METRICS, higher_is_better, parse_metrics
+from mlrc.report.formats import render
 from mlrc.report.layout import table_blocks
 from mlrc.report.stability import stability_lines
 from mlrc.report.summary import summarize
@@ -111,14 +112,15 @@ def test_stability_reads_an_error_rate_as_lower_is_better(summary):
         if r["kind"] == "best_kept" and r["mode"] == "concatenated"
     }
     assert kept[FNMR]["row"] == kept["map_at_r"]["row"] == "good"
+    text = "\n".join(render(summary, "md").splitlines())
+    assert "FNMR@FMR=0.1 1.00" in text  # the stability line names the column as the table does
+    assert "Concat. FNMR@FMR=0.1*" in text
 
 
 def test_sizes_come_from_the_studies(summary):
     (block,) = table_blocks(summary)
     assert block.mode_label("separated") == "Separated (64-D)"
     assert block.mode_label("concatenated") == "Concatenated (128-D)"
-    from mlrc.report.formats import render
-
     for fmt in ("md", "latex", "html"):
         text = render(summary, fmt)
         assert "128-D" in text and "512-D" not in text and "four" not in text, fmt
@@ -137,7 +139,6 @@ def test_a_query_gallery_report_compiles_with_pdflatex(summary, tmp_path):
 
     from conftest import require
 
-    from mlrc.report.formats import render
     from mlrc.report.latex import latex_text
 
     qg = summary.assign(retrieval="query→gallery")
