@@ -341,8 +341,9 @@ def test_export_model_never_picks_a_fold_that_kept_epoch_0(kept_best, tmp_path):
     from mlrc.train import load_exported
 
     url, art = kept_best
-    copy = tmp_path / "db.sqlite"
-    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    copy = tmp_path / "db.sqlite"  # a copy to change (the backup API: the WAL included)
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as src, sqlite3.connect(copy) as dst:
+        src.backup(dst)
     url = f"sqlite:///{copy}"
     per_rep = {r.reproduction: r for r in rows(url, TestResult, mode="separated", fold=-1)}
     rep = max(per_rep, key=lambda k: per_rep[k].map_at_r)
