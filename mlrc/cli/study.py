@@ -332,6 +332,11 @@ def study_export_model(
                 export_study_model(engine, name, artifacts, tmp, dim, reproduction, fmt)
             ),
         )
+    _say_exported(out, name, meta)
+
+
+def _say_exported(out: Path, name: str, meta: dict) -> None:
+    """What ``study export-model`` wrote, and a warning when it holds an untrained fold."""
     fold = f", fold {meta['fold']}" if meta["fold"] is not None else ""
     console.print(
         f"wrote {out}: study {name}, reproduction {meta['reproduction']}{fold}, "
