@@ -1,13 +1,13 @@
 """The cpu-reality-check campaign's files in the repository (issue #41).
 
-    .venv/bin/python bench/reality_check.py export --storage URL [--all]
+    .venv/bin/python bench/reality_check.py export --storage URL [--all] [--out DIR]
     .venv/bin/python bench/reality_check.py import --storage URL
     .venv/bin/python bench/reality_check.py check --storage URL [--corpus FILE]
 
 ``export`` writes one compact file per finished study of the campaign
 (``studies/campaigns/cpu-reality-check/<study>.json.gz``, :mod:`mlrc.search.transfer`: its trials,
 fold runs with their validation curves, test results and baseline; no checkpoints), rewriting
-a file only when the study changed; ``--all`` exports unfinished studies too (not for commits).
+a file only when the study changed; ``--all`` exports unfinished studies too (not for commits), ``--out`` elsewhere.
 ``import`` restores every such file into the store at ``--storage`` (an empty one in a fresh
 clone), skipping studies it has: ``mlrc campaign run`` then resumes where the files stop.
 ``check`` is the determinism check: the campaign's contrastive, multi_similarity and ntxent
@@ -48,14 +48,14 @@ def study_names() -> list[tuple[str, str, str]]:
     return [(c.name, c.column, c.row) for c in cells(cfg)]
 
 
-def export(url: str, every: bool) -> None:
+def export(url: str, every: bool, out: Path = FILES) -> None:
     engine = store.connect(url, read_only=True)
     for name, _, _ in study_names():
         state = progress(engine, name).state
         if state != "done" and not (every and state != "not started"):
             print(f"{name}: {state}, not exported")
             continue
-        changed = write_study_file(export_study(url, name), FILES / f"{name}.json.gz")
+        changed = write_study_file(export_study(url, name), out / f"{name}.json.gz")
         print(f"{name}: {state}, {'written' if changed else 'unchanged'}")
 
 
@@ -105,10 +105,11 @@ def main() -> None:
         p = sub.add_parser(cmd)
         p.add_argument("--storage", required=True, help="SQLAlchemy URL of the campaign's store")
     sub.choices["export"].add_argument("--all", action="store_true", help="unfinished too")
+    sub.choices["export"].add_argument("--out", type=Path, default=FILES, help="folder")
     sub.choices["check"].add_argument("--corpus", type=Path, default=CORPUS)
     a = ap.parse_args()
     if a.cmd == "export":
-        export(a.storage, a.all)
+        export(a.storage, a.all, a.out)
     elif a.cmd == "import":
         restore(a.storage)
     else:

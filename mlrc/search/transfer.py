@@ -56,10 +56,14 @@ def _trial_doc(t: FrozenTrial) -> dict[str, Any]:
 
 def export_study(url: str, name: str) -> dict[str, Any]:
     """Study ``name`` of the store at ``url`` as plain data (see the module). Trials still
-    running or waiting are left out: export a study once it is done."""
+    running or waiting are left out: export a study once it is done. A study registered but
+    never searched has no Optuna study: ``optuna`` is None then."""
     engine = store.connect(url)
     rows = study_rows(engine, name)
-    ostudy = optuna.load_study(study_name=name, storage=store.optuna_storage(url))
+    try:
+        ostudy = optuna.load_study(study_name=name, storage=store.optuna_storage(url))
+    except KeyError:  # Optuna's "Record does not exist."
+        return {"format": FORMAT, "name": name, "rows": rows, "optuna": None}
     trials = [t for t in ostudy.get_trials(deepcopy=False) if t.state.is_finished()]
     return {
         "format": FORMAT,
@@ -97,9 +101,10 @@ def import_study(url: str, doc: dict[str, Any]) -> None:
     name = doc["name"]
     engine = store.connect(url)
     if store.studies.study_named(engine, name) is not None:
-        raise store.StoreError(
-            f"study {name!r} already exists in the store: not restored"
-        ) from None
+        raise store.StoreError(f"study {name!r} already exists in the store: not restored")
+    if doc["optuna"] is None:  # never searched: mlrc's rows only
+        restore_study_rows(engine, doc["rows"])
+        return
     storage = store.optuna_storage(url)
     try:
         ostudy = optuna.create_study(study_name=name, storage=storage, direction="maximize")
