@@ -55,16 +55,19 @@ def _trial_doc(t: FrozenTrial) -> dict[str, Any]:
 
 
 def export_study(url: str, name: str) -> dict[str, Any]:
-    """Study ``name`` of the store at ``url`` as plain data (see the module). Trials still
-    running or waiting are left out: export a study once it is done. A study registered but
-    never searched has no Optuna study: ``optuna`` is None then."""
+    """Study ``name`` of the store at ``url`` as plain data (see the module). Export a study
+    once it is done. One still running is carried as a killed process leaves it (its running
+    trial RUNNING), which the next run recovers as interrupted and retries with the same
+    parameters, its fold from scratch (no ``last.pt`` travels); the tests cover finished and
+    grown studies, not this. A study registered but never searched has no Optuna study:
+    ``optuna`` is None then."""
     engine = store.connect(url)
     rows = study_rows(engine, name)
     try:
         ostudy = optuna.load_study(study_name=name, storage=store.optuna_storage(url))
     except KeyError:  # Optuna's "Record does not exist."
         return {"format": FORMAT, "name": name, "rows": rows, "optuna": None}
-    trials = [t for t in ostudy.get_trials(deepcopy=False) if t.state.is_finished()]
+    trials = ostudy.get_trials(deepcopy=False)
     return {
         "format": FORMAT,
         "name": name,

@@ -5,6 +5,7 @@ are the same rows, and ``mlrc campaign run`` on the new store trains nothing."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -107,6 +108,25 @@ def test_campaign_run_skips_the_imported_study(moved):
     assert after == before
     status = cli("campaign", "status", path, "--storage", b).output
     assert "done" in status
+
+
+def test_a_study_grown_after_the_move_grows_as_it_would_have(moved):
+    """The same trial 3 in the original store and in one restored from the file: the same
+    parameters, value and validation curves (the same machine; see the results page)."""
+    path, a, _, tmp, file = moved
+    for suffix in ("", "-wal", "-shm"):  # the original store, left as the other tests read it
+        src = tmp / f"a.db{suffix}"
+        if src.exists():
+            shutil.copy(src, tmp / f"a2.db{suffix}")
+    a2, c = f"sqlite:///{tmp / 'a2.db'}", f"sqlite:///{tmp / 'c.db'}"
+    import_study(c, read_study_file(file))
+    grown = tmp / "grown.yaml"
+    grown.write_text(yaml.safe_dump({**CAMPAIGN, "search": {**CAMPAIGN["search"], "trials": 3}}))
+    run(grown, a2, tmp / "art-a2")
+    run(grown, c, tmp / "art-c")
+    there, here = recorded_study(store.connect(a2), NAME), recorded_study(store.connect(c), NAME)
+    assert len(there.trials) == 3
+    assert there == here
 
 
 def test_the_file_is_the_same_bytes_and_refuses_a_second_import(moved):
