@@ -1,7 +1,7 @@
 """The cpu-reality-check campaign's files in the repository (issue #41).
 
     .venv/bin/python bench/reality_check.py export --storage URL [--all] [--out DIR]
-    .venv/bin/python bench/reality_check.py import --storage URL
+    .venv/bin/python bench/reality_check.py import --storage URL [--files DIR]
     .venv/bin/python bench/reality_check.py check --storage URL [--corpus FILE]
 
 ``export`` writes one compact file per finished study of the campaign
@@ -59,15 +59,15 @@ def export(url: str, every: bool, out: Path = FILES) -> None:
         print(f"{name}: {state}, {'written' if changed else 'unchanged'}")
 
 
-def restore(url: str) -> None:
+def restore(url: str, files: Path = FILES) -> None:
     engine = store.connect(url)
-    for path in sorted(FILES.glob("*.json.gz")):
+    for path in sorted(files.glob("*.json.gz")):
         doc = read_study_file(path)
         if store.studies.study_named(engine, doc["name"]) is not None:
             print(f"{doc['name']}: in the store already, skipped")
             continue
         import_study(url, doc)
-        print(f"{doc['name']}: restored from {path.relative_to(REPO)}")
+        print(f"{doc['name']}: restored from {path}")
 
 
 def check(url: str, corpus: Path) -> int:
@@ -106,12 +106,13 @@ def main() -> None:
         p.add_argument("--storage", required=True, help="SQLAlchemy URL of the campaign's store")
     sub.choices["export"].add_argument("--all", action="store_true", help="unfinished too")
     sub.choices["export"].add_argument("--out", type=Path, default=FILES, help="folder")
+    sub.choices["import"].add_argument("--files", type=Path, default=FILES, help="folder")
     sub.choices["check"].add_argument("--corpus", type=Path, default=CORPUS)
     a = ap.parse_args()
     if a.cmd == "export":
         export(a.storage, a.all, a.out)
     elif a.cmd == "import":
-        restore(a.storage)
+        restore(a.storage, a.files)
     else:
         sys.exit(1 if check(a.storage, a.corpus) else 0)
 
