@@ -17,10 +17,11 @@ from mlrc.cli import app
 from mlrc.search.replay import recorded_study
 from mlrc.search.transfer import export_study, import_study, read_study_file, write_study_file
 from mlrc.store.engine import session
-from mlrc.store.schema import EpochMetric, FoldRun, TestResult, Trial
+from mlrc.store.schema import Baseline, EpochMetric, FoldRun, StudyBaseline, TestResult, Trial
 
 runner = CliRunner()
 NAME = "move-glyphs-contrastive"
+OTHER = "move-glyphs-ntxent"  # shares NAME's untrained baseline row
 TINY = {  # 2 folds, 16-px crops, 2 epochs of 4 iterations: seconds on a CPU
     "iterations_per_epoch": 4,
     "max_epochs": 2,
@@ -33,7 +34,7 @@ TINY = {  # 2 folds, 16-px crops, 2 epochs of 4 iterations: seconds on a CPU
 CAMPAIGN = {
     "name": "move",
     "datasets": [{"name": "glyphs"}],
-    "losses": ["contrastive"],
+    "losses": ["contrastive", "ntxent"],
     "preset": "cpu",
     "search": {"trials": 2, "sampler": "gp", "seed": 0},
     "test": {"reproductions": 2},
@@ -55,7 +56,7 @@ def counts(url: str) -> dict[str, int]:
     with session(store.connect(url)) as s:
         return {
             m.__tablename__: s.execute(select(func.count()).select_from(m)).scalar()
-            for m in (Trial, FoldRun, EpochMetric, TestResult)
+            for m in (Trial, FoldRun, EpochMetric, TestResult, Baseline, StudyBaseline)
         }
 
 
@@ -77,9 +78,11 @@ def moved(tmp_path_factory):
     path.write_text(yaml.safe_dump(CAMPAIGN, sort_keys=False))
     a, b = f"sqlite:///{tmp / 'a.db'}", f"sqlite:///{tmp / 'b.db'}"
     run(path, a, tmp / "art-a")
-    file = tmp / "study.json.gz"
+    file, other = tmp / "study.json.gz", tmp / "other.json.gz"
     assert write_study_file(export_study(a, NAME), file)
+    assert write_study_file(export_study(a, OTHER), other)
     import_study(b, read_study_file(file))
+    import_study(b, read_study_file(other))  # the baseline they share is written once
     return path, a, b, tmp, file
 
 
@@ -89,11 +92,14 @@ def test_the_report_and_the_rows_are_the_same(moved):
         ra = cli("report", "--storage", a, "--campaign", "move", "--format", fmt).output
         rb = cli("report", "--storage", b, "--campaign", "move", "--format", fmt).output
         assert ra == rb
-    assert NAME in ra
+    assert NAME in ra and OTHER in ra
     assert result_rows(a) == result_rows(b)
-    assert len(result_rows(a)) == 2 * (2 + 2)  # 2 reproductions × (2 folds + mean + 512-D)
+    assert len(result_rows(a)) == 2 * 2 * (
+        2 + 2
+    )  # 2 studies × 2 reproductions × (2 folds, mean, 512-D)
     assert counts(a) == counts(b)
     assert counts(a)["mlrc_epoch_metric"] > 0
+    assert (counts(b)["mlrc_baseline"], counts(b)["mlrc_study_baseline"]) == (2, 2)  # 2 modes
     # the curves replay reads (the pruning corpus) are the same
     ea, eb = store.connect(a), store.connect(b)
     assert recorded_study(ea, NAME) == recorded_study(eb, NAME)
@@ -120,6 +126,7 @@ def test_a_study_grown_after_the_move_grows_as_it_would_have(moved):
             shutil.copy(src, tmp / f"a2.db{suffix}")
     a2, c = f"sqlite:///{tmp / 'a2.db'}", f"sqlite:///{tmp / 'c.db'}"
     import_study(c, read_study_file(file))
+    import_study(c, read_study_file(tmp / "other.json.gz"))
     grown = tmp / "grown.yaml"
     grown.write_text(yaml.safe_dump({**CAMPAIGN, "search": {**CAMPAIGN["search"], "trials": 3}}))
     run(grown, a2, tmp / "art-a2")
