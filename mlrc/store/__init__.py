@@ -17,7 +17,8 @@ an ORM row. This face exports what they use; the rooms behind it:
   :mod:`~mlrc.store.campaigns` (which studies a campaign holds, their progress),
   :mod:`~mlrc.store.costs` (what fold runs cost: epochs, wall time, device; test MAP@R),
   :mod:`~mlrc.store.reads` (what the report's tables read),
-  :mod:`~mlrc.store.snapshot` (what the dashboard reads);
+  :mod:`~mlrc.store.snapshot` (what the dashboard reads),
+  :mod:`~mlrc.store.transfer` (one study's rows as plain data, and back);
 - :mod:`mlrc.store.provenance` (no SQL): what computed a study's fold runs, in words;
 - :mod:`mlrc.store.engine`: engines and locks;
   its sessions, ``transact``, ``upsert`` and ``get_study`` are the query modules' own;
@@ -47,6 +48,7 @@ from mlrc.store import (
     results,
     snapshot,
     studies,
+    transfer,
     trials,
 )
 from mlrc.store.engine import advisory_lock, removed_lock_file, sqlite_path
@@ -107,6 +109,7 @@ __all__ = [
     "snapshot",
     "sqlite_path",
     "studies",
+    "transfer",
     "trials",
     "unbeaten_trials",
     "upgrade",

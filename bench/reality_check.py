@@ -1,0 +1,121 @@
+"""The cpu-reality-check campaign's files in the repository (issue #41).
+
+    .venv/bin/python bench/reality_check.py export --storage URL [--all] [--out DIR]
+    .venv/bin/python bench/reality_check.py import --storage URL [--files DIR]
+    .venv/bin/python bench/reality_check.py check --storage URL [--corpus FILE]
+
+``export`` writes one compact file per finished study of the campaign
+(``studies/campaigns/cpu-reality-check/<study>.json.gz``, :mod:`mlrc.search.transfer`: its trials,
+fold runs with their validation curves, test results and baseline; no checkpoints), rewriting
+a file only when the study changed; ``--all`` exports unfinished studies too (not for commits), ``--out`` elsewhere.
+``import`` restores every such file into the store at ``--storage`` (an empty one in a fresh
+clone), skipping studies it has: ``mlrc campaign run`` then resumes where the files stop.
+``check`` is the determinism check: the campaign's contrastive, multi_similarity and ntxent
+studies must repeat the pruning corpus's studies (bench/pruning.py: same sampler, seed and
+preset; a trial's parameters and fold seeds do not depend on the study's name), trial for
+trial — parameters, state, value and every fold's validation curve, exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mlrc import store  # noqa: E402
+from mlrc.config.campaign import cells, load_campaign  # noqa: E402
+from mlrc.search import replay as rp  # noqa: E402
+from mlrc.search.campaign_runner import progress  # noqa: E402
+from mlrc.search.errors import StudyError  # noqa: E402
+from mlrc.search.transfer import (  # noqa: E402
+    export_study,
+    import_study,
+    read_study_file,
+    write_study_file,
+)
+
+CAMPAIGN = REPO / "studies/campaigns/cpu-reality-check.yaml"
+FILES = REPO / "studies/campaigns/cpu-reality-check"
+CORPUS = REPO / "bench/corpus/cpu-omniglot-glyphs.json.gz"
+
+
+def study_names() -> list[tuple[str, str, str]]:
+    """(study, dataset, loss) of every study of the campaign, in its order."""
+    cfg = load_campaign(CAMPAIGN, check_roots=False)
+    return [(c.name, c.column, c.row) for c in cells(cfg)]
+
+
+def export(url: str, every: bool, out: Path = FILES) -> None:
+    engine = store.connect(url, read_only=True)
+    for name, _, _ in study_names():
+        state = progress(engine, name).state
+        if state != "done" and not (every and state != "not started"):
+            print(f"{name}: {state}, not exported")
+            continue
+        changed = write_study_file(export_study(url, name), out / f"{name}.json.gz")
+        print(f"{name}: {state}, {'written' if changed else 'unchanged'}")
+
+
+def restore(url: str, files: Path = FILES) -> None:
+    engine = store.connect(url)
+    for path in sorted(files.glob("*.json.gz")):
+        doc = read_study_file(path)
+        if store.studies.study_named(engine, doc["name"]) is not None:
+            print(f"{doc['name']}: in the store already, skipped")
+            continue
+        import_study(url, doc)
+        print(f"{doc['name']}: restored from {path}")
+
+
+def check(url: str, corpus: Path) -> int:
+    """Compare the campaign's studies with the corpus's, trial by trial (parameters, then
+    parameters, state, value and curves); the number of studies whose curves differ."""
+    _, recorded = rp.read_corpus(corpus)
+    by_name = {s.name: s for s in recorded}
+    engine = store.connect(url, read_only=True)
+    bad = 0
+    for name, dataset, loss in study_names():
+        ref = by_name.get(f"corpus-{loss}-{dataset}")
+        if ref is None or store.studies.study_named(engine, name) is None:
+            continue
+        try:
+            ours = rp.recorded_study(engine, name, finished=False).trials
+        except StudyError:  # no complete trial yet
+            continue
+        pairs = list(zip(ours, ref.trials, strict=False))
+        params = sum(a.params == b.params for a, b in pairs)
+        same = sum(a == b for a, b in pairs)
+        first = next((a.number for a, b in pairs if a != b), None)
+        bad += first is not None
+        where = "all identical" if first is None else f"first difference: trial {first}"
+        print(
+            f"{name} vs {ref.name}: of {len(pairs)} trials, {params} with the same parameters, "
+            f"{same} identical ({where})"
+        )
+    return bad
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for cmd in ("export", "import", "check"):
+        p = sub.add_parser(cmd)
+        p.add_argument("--storage", required=True, help="SQLAlchemy URL of the campaign's store")
+    sub.choices["export"].add_argument("--all", action="store_true", help="unfinished too")
+    sub.choices["export"].add_argument("--out", type=Path, default=FILES, help="folder")
+    sub.choices["import"].add_argument("--files", type=Path, default=FILES, help="folder")
+    sub.choices["check"].add_argument("--corpus", type=Path, default=CORPUS)
+    a = ap.parse_args()
+    if a.cmd == "export":
+        export(a.storage, a.all, a.out)
+    elif a.cmd == "import":
+        restore(a.storage, a.files)
+    else:
+        sys.exit(1 if check(a.storage, a.corpus) else 0)
+
+
+if __name__ == "__main__":
+    main()
