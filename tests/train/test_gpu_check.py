@@ -147,3 +147,35 @@ def test_a_part_over_its_limit_is_ended_with_its_group_and_its_escaped_child(
 def test_the_full_check_s_limits_fit_420_s_and_quick_240_s() -> None:
     full, quick, _ = (sum(v[i] for v in gpu_check.LIMITS.values()) for i in range(3))
     assert full <= 420 and quick <= 240
+
+
+def test_the_wheel_lock_pins_what_is_installed_and_leaves_torch_to_the_machine() -> None:
+    """bench/gpu_wheels.lock: exact versions, equal to this environment's (else rerun
+    ``bash bench/gpu_wheels.sh --lock``); the machine's torch family is never carried, an
+    image package at another release is, one the image has at an unknown version is not."""
+    import importlib.metadata as md
+
+    import gpu_wheels
+
+    pins = gpu_wheels.read_pins(gpu_wheels.LOCK)
+    assert {"pydantic", "pydantic-core", "pytorch-metric-learning", "torch"} <= set(pins)
+    for name, version in pins.items():
+        assert version, f"{name}: no exact version in the lock"
+        try:
+            installed = md.version(name)
+        except md.PackageNotFoundError:
+            continue
+        assert installed == version, f"{name} {installed} here, {version} in the lock"
+    image = {"torchvision": "0.26.0", "numpy": "1.26.4", "rich": None, "scipy": "1.17.0"}
+    keep, left = gpu_wheels.to_carry(
+        {"torchvision": "0.29.1", "numpy": "2.4.6", "rich": "15.0.0", "scipy": "1.17.1",
+         "pydantic": "2.14.3", "nvidia-nccl-cu13": "2.28"},
+        image,
+    )  # fmt: skip
+    assert keep == {"numpy": "2.4.6", "pydantic": "2.14.3"}
+    assert sorted(x.split(" ")[0] for x in left) == [
+        "nvidia-nccl-cu13",
+        "rich",
+        "scipy",
+        "torchvision",
+    ]
