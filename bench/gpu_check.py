@@ -6,9 +6,10 @@ its own process group under its own time limit, every figure written as soon as 
 Standard library only at the top (the parts import torch and mlrc in their own processes), so
 that this process holds no CUDA context and nothing a part does can take it down. Parts:
 
-0. ``wheels``: installs the carried wheels (``bench/gpu_wheels/``) the machine lacks into a
+0. ``env``: GPU name, driver, CUDA, torch, torchvision, Python, free memory, MPS control
+   (printed and saved first; where it finds no GPU and this is no rehearsal, the check stops);
+1. ``wheels``: installs the carried wheels (``bench/gpu_wheels/``) the machine lacks into a
    private folder put first on the parts' PYTHONPATH (skipped in a rehearsal);
-1. ``env``: GPU name, driver, CUDA, torch, torchvision, Python, free memory, MPS control;
 2. ``fold``: one reference fold through ``train_fold`` and its synthetic-input upper bound
    (``bench/gpu_fold.py --part fold``), then ``fold_lowsync``: the same with the loss the sync
    census finds with the fewest host syncs beside contrastive (:data:`LOW_SYNC_LOSS`);
@@ -50,12 +51,12 @@ REPO = BENCH.parent
 RUN_TAG = "MLRC_GPU_CHECK_RUN"
 #: The registered loss with the fewest host syncs per step beside contrastive (the census:
 #: tests/train/test_sync_census.py, docs/guide/performance.md).
-LOW_SYNC_LOSS = "proxy_nca"
+LOW_SYNC_LOSS = "normalized_softmax"
 #: Each part's time limit in seconds: (full, --quick, --rehearse). Full: 420 s in all, so that
 #: a --quick rerun (240 s) fits in the same 15 minutes of a borrowed GPU.
 LIMITS: dict[str, tuple[int, int, int]] = {
-    "wheels": (20, 20, 10),
     "env": (20, 15, 30),
+    "wheels": (20, 20, 10),
     "fold": (110, 60, 60),
     "fold_lowsync": (40, 25, 45),
     "tests": (80, 55, 60),
@@ -347,8 +348,8 @@ def skipped(name: str, why: str) -> dict[str, Any]:
 
 
 PARTS = (
-    ("wheels", part_wheels),
     ("env", part_env),
+    ("wheels", part_wheels),
     ("fold", lambda c: part_fold(c, "fold", "fold")),
     ("fold_lowsync", lambda c: part_fold(c, "fold_lowsync", "fold", LOW_SYNC_LOSS)),
     ("tests", part_tests),

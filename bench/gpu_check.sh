@@ -7,7 +7,7 @@
 # Output folder: --out, else $OUT, else bench/results/gpu/. At most 7 files there: env.json,
 # results.jsonl (one line per part as it ends), junit.xml, gpu_fold.csv, table.md, table.json,
 # log.txt. Parts, in order of value, each in its own process group under its own limit:
-# wheels, env, fold (+ its synthetic-input upper bound), fold_lowsync, tests, packed, mps,
+# env, wheels, fold (+ its synthetic-input upper bound), fold_lowsync, tests, packed, mps,
 # ranks (bench/gpu_check.py says what each does). A part that fails or overruns is recorded
 # and the next runs. The last thing printed is the table for docs/guide/performance.md.
 #

@@ -150,5 +150,5 @@ def test_gpu_scripts_parse_and_gpu_check_stops_after_env_without_a_gpu(tmp_path:
         "gpu_check: torch sees no CUDA device here (--rehearse: the CPU rehearsal)"
     )
     parts = [json.loads(line)["part"] for line in (tmp_path / "results.jsonl").open()]
-    assert parts == ["wheels", "env"]
+    assert parts == ["env"]
     assert json.loads((tmp_path / "env.json").read_text())["gpus"] == []

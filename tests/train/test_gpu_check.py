@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import gpu_check  # noqa: E402 - bench/ is not a package
 
-ORDER = ["wheels", "env", "fold", "fold_lowsync", "tests", "packed", "mps", "ranks"]
+ORDER = ["env", "wheels", "fold", "fold_lowsync", "tests", "packed", "mps", "ranks"]
 
 
 def tagged(tag: str) -> list[int]:
