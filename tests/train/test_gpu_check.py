@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,13 @@ def test_the_rehearsal_runs_every_part_and_keeps_at_most_8_files(rehearsal: dict
     for part in ("env", "fold", "fold_lowsync", "tests", "mps", "ranks"):
         assert recs[part]["status"] == "ok", recs[part]
     assert recs["tests"]["tests"]["skipped"] > 0 and not recs["tests"]["tests"]["failed"]
+    # the GPU tests: test_gpu.py and the CUDA tests of tests/protocol, all skipped on the CPU
+    cases = ET.parse(out / "junit.xml").getroot().iter("testcase")
+    where = {(c.get("classname"), c.get("name").split("[")[0]) for c in cases}
+    files = {cls for cls, _ in where}
+    assert {"tests.train.test_gpu", "tests.protocol.test_metrics"} <= files
+    assert "tests.protocol.test_scoring" in files
+    assert all("cuda" in name for cls, name in where if cls.startswith("tests.protocol"))
 
 
 def test_the_failed_part_is_recorded_and_the_later_parts_still_ran(rehearsal: dict) -> None:
