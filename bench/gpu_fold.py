@@ -560,6 +560,7 @@ def measure_fold(args: argparse.Namespace, tmp: Path, busy: BusySampler | None) 
     run = run_fold(tmp / "images", work, args.device, prof, 2, prof.iterations, args.loss)
     fig = fold_figures(run, prof.warmup)
     fold_busy = busy.mean(*fig["window"]) if busy else None
+    save_partial(args, [row(fold_sec, "train_fold img/s", fig["img_per_s"], "img/s")])
     upper, upper_busy = upper_bound(prof, args.device, busy, args.loss)
     ratio = fig["img_per_s"] / upper
     busy_met = None if fold_busy is None else fold_busy >= GOAL_BUSY
@@ -579,6 +580,14 @@ def measure_fold(args: argparse.Namespace, tmp: Path, busy: BusySampler | None) 
         row(fold_sec, "last.pt write, max", max(ckpt) if ckpt else None, "s"),
         row(fold_sec, "heavy imports", len(run["heavy"]), "n", note=" ".join(run["heavy"])),
     ]  # fmt: skip
+
+
+def save_partial(args: argparse.Namespace, rows: list[dict]) -> None:
+    """The rows measured so far to ``--rows`` (bench/gpu_check.py reads them even if this
+    part is ended at its limit before it reports); the report overwrites them."""
+    if args.rows is not None:
+        extra = {"device": args.device, "profile": args.profile, "loss": args.loss}
+        args.rows.write_text(json.dumps([{**r, **extra, "partial": True} for r in rows]))
 
 
 def section(name: str, loss: str) -> str:
@@ -621,6 +630,7 @@ def measure_packed(args: argparse.Namespace, tmp: Path, busy: BusySampler | None
                 if k == 1 and not mps:
                     base = got["img_per_s"]
                 rows += packed_rows(k, mps, got, base)
+                save_partial(args, rows)
     if args.part == "all" and not cuda:
         rows.append(row("packed", "MPS", None, "", note="skipped: CUDA only", mps=True))
     elif args.part == "all" and True not in modes:

@@ -67,7 +67,7 @@ def packed_lines(records: list[dict], part: str) -> list[dict]:
     mps = part == "mps"
     out = []
     counts = {r.get("workers") for r in rows_of(records, part) if r.get("workers")}
-    for k in sorted(counts or {2, 4}):
+    for k in sorted(counts or ({4} if mps else {2, 4})):
         total = find(records, part, "packed", "total img/s", workers=k)
         times = total / one if total and one else None
         goal = f"≥ {GOAL_PACKED} × one" if k == 4 else ""
