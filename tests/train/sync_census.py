@@ -78,14 +78,18 @@ def sync_name(func: Any, args: tuple, kwargs: dict) -> str | None:
 
 
 def origin() -> tuple[str, str]:
-    """(who, where): the package that made the call, and its file:line."""
-    frame = sys._getframe(2)
+    """(who, where): the package that made the call, and its file:line. An operation with no
+    Python caller runs in autograd's device thread (a CUDA backward pass): ``autograd``."""
+    try:
+        frame = sys._getframe(2)
+    except ValueError:  # the stack is shallower: no Python frame called it
+        return "autograd", "backward (device thread)"
     while frame is not None:
         path = frame.f_code.co_filename.replace("\\", "/")
         if path != HERE and not any(g in path for g in GLUE):
             return classify(path), f"{short(path)}:{frame.f_lineno}"
         frame = frame.f_back
-    return "unknown", "?"
+    return "autograd", "backward (device thread)"
 
 
 def classify(path: str) -> str:
