@@ -69,7 +69,7 @@ HEAVY = ("ray", "faiss", "mlflow", "plotly", "optuna")  # the fold path must not
 GOAL_BUSY = 85.0  # % GPU busy, one fold
 GOAL_RATIO = 0.85  # × the synthetic-input upper bound, one fold
 GOAL_PACKED = 2.5  # 4 packed folds ÷ one, total img/s
-TIMED_LOSS = "bench_timed_contrastive"
+REHEARSE_FAIL = "MLRC_REHEARSE_FAIL"  # =packed: the packed part fails on purpose (rehearsal)
 STAMPS: list[float] = []  # time.monotonic() of each call of the timed loss (this process)
 
 
@@ -143,28 +143,39 @@ def make_image_folder(root: Path, prof: Profile) -> int:
 # --- the fold ---------------------------------------------------------------------------------
 
 
-def register_timed_loss() -> None:
-    """The contrastive loss (default margins), noting the time of each call in ``STAMPS``."""
+def timed_name(loss: str) -> str:
+    """The plug-in name under which ``loss`` is registered with its calls timed."""
+    return f"bench_timed_{loss}"
+
+
+def register_timed_loss(loss: str = "contrastive") -> str:
+    """``loss`` (its default parameters), noting the time of each call in ``STAMPS``; returns
+    the name it is registered under (:func:`timed_name`)."""
     from mlrc.methods import losses
 
-    if TIMED_LOSS in losses.available():
-        return
+    name = timed_name(loss)
+    if name in losses.available():
+        return name
 
     class Timed(torch.nn.Module):
         def __init__(self, inner: torch.nn.Module) -> None:
             super().__init__()
             self.inner = inner
 
-        def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, *rest: Any) -> Any:
             STAMPS.append(time.monotonic())
-            return self.inner(embeddings, labels)
+            return self.inner(embeddings, labels, *rest)
 
     def timed(*, num_classes: int, embedding_size: int) -> torch.nn.Module:
-        """Contrastive loss that notes the time of each call (bench/gpu_fold.py)."""
-        inner = losses.build("contrastive", num_classes=num_classes, embedding_size=embedding_size)
+        """A loss that notes the time of each call (bench/gpu_fold.py)."""
+        inner = losses.build(loss, num_classes=num_classes, embedding_size=embedding_size)
         return Timed(inner)
 
-    losses.register(TIMED_LOSS, batch="pair")(timed)
+    meta = losses.info(loss)
+    losses.register(
+        name, batch=meta.batch, has_parameters=meta.has_parameters, takes_tuples=meta.takes_tuples
+    )(timed)
+    return name
 
 
 @dataclass
@@ -225,13 +236,16 @@ def fold_preset(prof: Profile, epochs: int, iterations: int) -> Any:
     return load_preset("reference", over)
 
 
-def run_fold(root: Path, workdir: Path, device: str, prof: Profile, epochs: int, its: int) -> dict:
-    """Train one fold through ``train_fold``; the timestamps (time.monotonic(), s) of every
-    loss call, of every validation's end and of every checkpoint write, and the batch size."""
+def run_fold(
+    root: Path, workdir: Path, device: str, prof: Profile, epochs: int, its: int, loss: str
+) -> dict:
+    """Train one fold through ``train_fold`` with ``loss``; the timestamps (time.monotonic(), s)
+    of every loss call, of every validation's end and of every checkpoint write, the batch."""
     from mlrc import data
+    from mlrc.methods import losses
     from mlrc.train import FoldSpec, train_fold
 
-    register_timed_loss()
+    timed = register_timed_loss(loss)
     writes: list[CheckpointWrite] = []
     time_checkpoints(writes)
     ds = data.build("image_folder", root=root)
@@ -245,9 +259,9 @@ def run_fold(root: Path, workdir: Path, device: str, prof: Profile, epochs: int,
         ds.name,
         classes[: -prof.val_classes],
         classes[-prof.val_classes :],
-        TIMED_LOSS,
+        timed,
         {},
-        None,
+        1e-3 if losses.info(loss).has_parameters else None,
         preset,
         0,
         workdir,
@@ -305,9 +319,11 @@ def fold_figures(run: dict, warmup: int) -> dict[str, Any]:
 # --- the upper bound --------------------------------------------------------------------------
 
 
-def upper_bound(prof: Profile, device: str, busy: BusySampler | None) -> tuple[float, float | None]:
-    """img/s (and GPU busy %) of the fold's model, loss and optimiser on one synthetic batch
-    already on the device: forward, loss, backward, step; synchronised at both ends."""
+def upper_bound(
+    prof: Profile, device: str, busy: BusySampler | None, loss: str = "contrastive"
+) -> tuple[float, float | None]:
+    """img/s (and GPU busy %) of the fold's model, ``loss`` and optimiser on one synthetic
+    batch already on the device: forward, loss, backward, step; synchronised at both ends."""
     from mlrc.methods import losses
     from mlrc.models.freezing import freeze_batchnorm
     from mlrc.train import build_model
@@ -318,14 +334,17 @@ def upper_bound(prof: Profile, device: str, busy: BusySampler | None) -> tuple[f
     model.train()
     if preset.freeze_batchnorm:
         freeze_batchnorm(model.trunk)
-    loss_fn = losses.build("contrastive", num_classes=8, embedding_size=preset.embedding_size)
+    kind = losses.info(loss).batch
+    b, m, crop = preset.batch.size, preset.batch.images_per_class[kind], preset.image.crop
+    n_classes = b // m
+    loss_fn = losses.build(loss, num_classes=n_classes, embedding_size=preset.embedding_size)
+    loss_fn = loss_fn.to(device)
     o = preset.optimizer
     opt = torch.optim.RMSprop(
         model.parameters(), lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum
     )
-    b, m, crop = preset.batch.size, preset.batch.images_per_class["pair"], preset.image.crop
     x = torch.randn(b, 3, crop, crop, device=device) * 50  # the trunk's input range: 0–255 − mean
-    y = torch.arange(b // m, device=device).repeat_interleave(m)
+    y = torch.arange(n_classes, device=device).repeat_interleave(m)
 
     def steps(n: int) -> None:
         for _ in range(n):
@@ -403,9 +422,10 @@ def mps_daemon(tmp: Path) -> Iterator[dict[str, str] | str]:
     if exe is None:
         yield "nvidia-cuda-mps-control not found"
         return
+    base = Path(os.environ.get("MLRC_MPS_DIR") or tmp)  # bench/gpu_check.py stops it there too
     env = {
-        "CUDA_MPS_PIPE_DIRECTORY": str(tmp / "mps-pipe"),
-        "CUDA_MPS_LOG_DIRECTORY": str(tmp / "mps-log"),
+        "CUDA_MPS_PIPE_DIRECTORY": str(base / "mps-pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(base / "mps-log"),
     }
     for folder in env.values():
         Path(folder).mkdir(parents=True, exist_ok=True)
@@ -431,6 +451,7 @@ def packed(
         out = tmp / f"packed-{k}-{len(env)}-{w}.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out)]
         cmd += ["--data", str(tmp / "images"), "--device", args.device, "--profile", args.profile]
+        cmd += ["--loss", args.loss]
         log = open(tmp / f"{out.stem}.log", "w")  # noqa: SIM115 - closed below
         procs.append(
             (subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log, stderr=log), log)
@@ -492,10 +513,13 @@ def worker_main(args: argparse.Namespace) -> None:
     prof = PROFILES[args.profile]
     if torch.device(args.device).type == "cpu":
         torch.set_num_threads(1)
-    register_timed_loss()
+    register_timed_loss(args.loss)
+    if os.environ.get(REHEARSE_FAIL) == "packed":
+        time.sleep(3600)  # a hung worker: the part's process group must end it
     wait_for_go(Path(args.worker))
     with tempfile.TemporaryDirectory(prefix="mlrc-gpu-fold-worker-") as work:
-        run = run_fold(Path(args.data), Path(work), args.device, prof, 1, prof.packed_iterations)
+        its = prof.packed_iterations
+        run = run_fold(Path(args.data), Path(work), args.device, prof, 1, its, args.loss)
     Path(args.worker).write_text(json.dumps(run))
 
 
@@ -528,85 +552,123 @@ def build_cache(args: argparse.Namespace, tmp: Path) -> list[dict]:
 
 
 def measure_fold(args: argparse.Namespace, tmp: Path, busy: BusySampler | None) -> list[dict]:
-    """Parts a and b: one fold, the upper bound (in this process)."""
+    """Parts a and b: one fold, the upper bound (in this process); sections named after the
+    loss when it is not contrastive (``fold (LOSS)``, ``upper bound (LOSS)``)."""
     prof = PROFILES[args.profile]
-    rows = []
-    run = run_fold(tmp / "images", tmp / "fold", args.device, prof, 2, prof.iterations)
+    fold_sec, upper_sec = section("fold", args.loss), section("upper bound", args.loss)
+    work = tmp / f"fold-{args.loss}"  # a fold of its own (a finished one would be resumed)
+    run = run_fold(tmp / "images", work, args.device, prof, 2, prof.iterations, args.loss)
     fig = fold_figures(run, prof.warmup)
     fold_busy = busy.mean(*fig["window"]) if busy else None
-    upper, upper_busy = upper_bound(prof, args.device, busy)
+    save_partial(args, [row(fold_sec, "train_fold img/s", fig["img_per_s"], "img/s")])
+    upper, upper_busy = upper_bound(prof, args.device, busy, args.loss)
     ratio = fig["img_per_s"] / upper
     busy_met = None if fold_busy is None else fold_busy >= GOAL_BUSY
     ckpt = fig["last_pt_s"]
-    rows += [
-        row("fold", "train_fold img/s", fig["img_per_s"], "img/s"),
-        row("fold", "GPU busy", fold_busy, "%", f"≥ {GOAL_BUSY:.0f} %", met=busy_met),
-        row("upper bound", "synthetic on-device img/s", upper, "img/s"),
-        row("upper bound", "GPU busy", upper_busy, "%"),
-        row("fold", "÷ upper bound", ratio, "×", f"≥ {GOAL_RATIO}", met=ratio >= GOAL_RATIO),
-        row("fold", "first batch, epoch 1", fig["first_batch_s"][0], "s"),
-        row("fold", "first batch, epoch 2", fig["first_batch_s"][1], "s"),
-        row(
-            "fold",
-            "last.pt writes",
-            len(ckpt),
-            "n",
-            in_step=fig["last_pt_in_step"],
-            note=f"{fig['last_pt_in_step']} by the training thread",
-        ),
-        row("fold", "last.pt write, mean", float(np.mean(ckpt)) if ckpt else None, "s"),
-        row("fold", "last.pt write, max", max(ckpt) if ckpt else None, "s"),
-    ]
-    rows.append(row("fold", "heavy imports", len(run["heavy"]), "n", note=" ".join(run["heavy"])))
-    return rows
+    in_step = fig["last_pt_in_step"]
+    return [
+        row(fold_sec, "train_fold img/s", fig["img_per_s"], "img/s"),
+        row(fold_sec, "GPU busy", fold_busy, "%", f"≥ {GOAL_BUSY:.0f} %", met=busy_met),
+        row(upper_sec, "synthetic on-device img/s", upper, "img/s"),
+        row(upper_sec, "GPU busy", upper_busy, "%"),
+        row(fold_sec, "÷ upper bound", ratio, "×", f"≥ {GOAL_RATIO}", met=ratio >= GOAL_RATIO),
+        row(fold_sec, "first batch, epoch 1", fig["first_batch_s"][0], "s"),
+        row(fold_sec, "first batch, epoch 2", fig["first_batch_s"][1], "s"),
+        row(fold_sec, "last.pt writes", len(ckpt), "n", in_step=in_step,
+            note=f"{in_step} by the training thread"),
+        row(fold_sec, "last.pt write, mean", float(np.mean(ckpt)) if ckpt else None, "s"),
+        row(fold_sec, "last.pt write, max", max(ckpt) if ckpt else None, "s"),
+        row(fold_sec, "heavy imports", len(run["heavy"]), "n", note=" ".join(run["heavy"])),
+    ]  # fmt: skip
+
+
+def save_partial(args: argparse.Namespace, rows: list[dict]) -> None:
+    """The rows measured so far to ``--rows`` (bench/gpu_check.py reads them even if this
+    part is ended at its limit before it reports); the report overwrites them."""
+    if args.rows is not None:
+        extra = {"device": args.device, "profile": args.profile, "loss": args.loss}
+        args.rows.write_text(json.dumps([{**r, **extra, "partial": True} for r in rows]))
+
+
+def section(name: str, loss: str) -> str:
+    """A section's name: ``name`` for the contrastive loss (the reference), else with the
+    loss (``mlrc.train.gpu_demand`` reads the plain ``upper bound`` rows only)."""
+    return name if loss == "contrastive" else f"{name} ({loss})"
+
+
+def packed_modes(args: argparse.Namespace) -> list[bool]:
+    """Without MPS, with it, or both (``--part``; ``all``: with it on CUDA unless
+    ``--quick``/``--no-mps``)."""
+    if args.part == "packed":
+        return [False]
+    if args.part == "mps":
+        return [True]
+    cuda = torch.device(args.device).type == "cuda"
+    return [False] + ([True] if PROFILES[args.profile].mps and cuda and not args.no_mps else [])
 
 
 def measure_packed(args: argparse.Namespace, tmp: Path, busy: BusySampler | None) -> list[dict]:
-    """Part c: 1, 2, 4 packed folds, without and (where it exists) with MPS."""
+    """Part c: packed folds (the profile's counts, or ``--workers``), without and (where it
+    exists) with MPS; "× one packed fold" where one is among the counts."""
     prof = PROFILES[args.profile]
+    counts = [int(k) for k in args.workers.split(",")] if args.workers else list(prof.packed)
     cuda = torch.device(args.device).type == "cuda"
-    modes: list[bool] = [False] + ([True] if prof.mps and cuda and not args.no_mps else [])
+    modes = packed_modes(args)
+    if os.environ.get(REHEARSE_FAIL) == "packed" and False in modes:
+        rehearse_failure(args, tmp)
     rows, base = [], None
     for mps in modes:
         with contextlib.ExitStack() as stack:
             env: dict[str, str] | str = {}
             if mps:
-                env = stack.enter_context(mps_daemon(tmp))
+                env = stack.enter_context(mps_daemon(tmp)) if cuda else "CUDA only"
                 if isinstance(env, str):
                     rows.append(row("packed", "MPS", None, "", note=f"skipped: {env}", mps=True))
                     continue
-            for k in prof.packed:
+            for k in counts:
                 got = packed(args, tmp, k, env, busy)
                 if k == 1 and not mps:
                     base = got["img_per_s"]
-                times = got["img_per_s"] / base if got["img_per_s"] and base else None
-                goal = f"≥ {GOAL_PACKED} × 1" if k == 4 else ""
-                met = None if k != 4 or times is None else times >= GOAL_PACKED
-                note = f"overlap {got['overlap_s']:.1f} s"
-                if got["heavy"]:
-                    note += "; imported " + " ".join(got["heavy"])
-                common = {"workers": k, "mps": mps, "note": note}
-                rows.append(row("packed", "total img/s", got["img_per_s"], "img/s", **common))
-                rows.append(row("packed", "× one packed fold", times, "×", goal, met=met, **common))
-                rows.append(row("packed", "GPU busy", got["busy"], "%", **common))
-    if not cuda:
+                rows += packed_rows(k, mps, got, base)
+                save_partial(args, rows)
+    if args.part == "all" and not cuda:
         rows.append(row("packed", "MPS", None, "", note="skipped: CUDA only", mps=True))
-    elif not prof.mps or args.no_mps:
+    elif args.part == "all" and True not in modes:
         rows.append(row("packed", "MPS", None, "", note="skipped: --quick / --no-mps", mps=True))
     return rows
 
 
+def packed_rows(k: int, mps: bool, got: dict[str, Any], base: float | None) -> list[dict]:
+    """The rows of ``k`` packed folds: total img/s, × one packed fold, GPU busy."""
+    times = got["img_per_s"] / base if got["img_per_s"] and base else None
+    goal = f"≥ {GOAL_PACKED} × 1" if k == 4 else ""
+    met = None if k != 4 or times is None else times >= GOAL_PACKED
+    note = f"overlap {got['overlap_s']:.1f} s"
+    if got["heavy"]:
+        note += "; imported " + " ".join(got["heavy"])
+    common = {"workers": k, "mps": mps, "note": note}
+    return [
+        row("packed", "total img/s", got["img_per_s"], "img/s", **common),
+        row("packed", "× one packed fold", times, "×", goal, met=met, **common),
+        row("packed", "GPU busy", got["busy"], "%", **common),
+    ]
+
+
+def rehearse_failure(args: argparse.Namespace, tmp: Path) -> None:
+    """``MLRC_REHEARSE_FAIL=packed`` (bench/gpu_check.sh --rehearse): the packed part fails
+    the worst way short of hanging itself: two workers that hang in its process group, one
+    process that left the group (as an MPS daemon does), then an error."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(tmp / "hung.json")]
+    cmd += ["--data", str(tmp / "images"), "--device", args.device, "--profile", args.profile]
+    for _ in range(2):
+        subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(3600)"]
+    subprocess.Popen(sleeper, start_new_session=True, stdout=subprocess.DEVNULL)
+    raise RuntimeError(f"{REHEARSE_FAIL}=packed: the packed part fails on purpose")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="cuda:0", help="cuda:N (default cuda:0) or cpu (smoke)")
-    ap.add_argument("--quick", action="store_true", help="≤ 2 min: shorter runs, packed 1 and 4")
-    ap.add_argument("--no-packed", action="store_true", help="skip part c")
-    ap.add_argument("--no-mps", action="store_true", help="packed folds without MPS only")
-    ap.add_argument("--out", type=Path, default=BENCH / "results" / "gpu_fold.csv")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one packed fold → JSON
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--profile", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    args = parse_args(argv)
     cuda = torch.device(args.device).type == "cuda"
     if cuda and not torch.cuda.is_available():
         print(f"gpu_fold: --device {args.device}: no CUDA device here (--device cpu: smoke run)")
@@ -617,26 +679,75 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not cuda:
         torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory(prefix="mlrc-gpu-fold-") as name:
-        tmp = Path(name)
+    with work_folder(args.work) as tmp:
         os.environ["MLRC_CACHE"] = str(tmp / "cache")  # the decoded cache, for every process
-        t0 = time.monotonic()
-        jpeg_bytes = make_image_folder(tmp / "images", PROFILES[args.profile])
+        rows = prepare_images(args, tmp)
         busy = BusySampler(torch.device(args.device).index or 0) if cuda else None
         if busy is not None:
             busy.start()
         try:
-            rows = [row("data", "JPEGs written", time.monotonic() - t0, "s", bytes=jpeg_bytes)]
-            rows += build_cache(args, tmp)
             # the packed processes first: this one opens no CUDA context before them (an MPS
             # server is started for them alone); NVML's utilisation needs none
-            packed_rows = [] if args.no_packed else measure_packed(args, tmp, busy)
-            rows += measure_fold(args, tmp, busy) + packed_rows
+            packed_rows = []
+            if args.part in ("packed", "mps") or (args.part == "all" and not args.no_packed):
+                packed_rows = measure_packed(args, tmp, busy)
+            if args.part in ("all", "fold"):
+                rows += measure_fold(args, tmp, busy)
+            rows += packed_rows
         finally:
             if busy is not None:
                 busy.stopped.set()
     report(args, rows, busy)
     return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda:0", help="cuda:N (default cuda:0) or cpu (smoke)")
+    ap.add_argument("--quick", action="store_true", help="≤ 2 min: shorter runs, packed 1 and 4")
+    ap.add_argument("--no-packed", action="store_true", help="skip part c")
+    ap.add_argument("--no-mps", action="store_true", help="packed folds without MPS only")
+    ap.add_argument(
+        "--part",
+        choices=("all", "fold", "packed", "mps"),
+        default="all",
+        help="one part only: the fold and its upper bound, packed folds, packed folds under MPS",
+    )
+    ap.add_argument("--loss", default="contrastive", help="the fold's loss (default contrastive)")
+    ap.add_argument("--workers", help="packed: comma-separated process counts (e.g. 2,4)")
+    ap.add_argument(
+        "--work", type=Path, help="folder for the JPEGs and decoded cache, kept and reused"
+    )
+    ap.add_argument("--out", type=Path, default=BENCH / "results" / "gpu_fold.csv")
+    ap.add_argument("--rows", type=Path, help="also write the rows as a JSON list here")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one packed fold → JSON
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", choices=sorted(PROFILES), help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+@contextlib.contextmanager
+def work_folder(path: Path | None) -> Iterator[Path]:
+    """``path`` (made if missing, kept), else a temporary folder removed on exit."""
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="mlrc-gpu-fold-") as name:
+        yield Path(name)
+
+
+def prepare_images(args: argparse.Namespace, tmp: Path) -> list[dict]:
+    """The JPEGs and their decoded cache, timed, unless an earlier run left them in ``tmp``."""
+    done = tmp / "images.complete"
+    if done.exists():
+        return []
+    t0 = time.monotonic()
+    jpeg_bytes = make_image_folder(tmp / "images", PROFILES[args.profile])
+    rows = [row("data", "JPEGs written", time.monotonic() - t0, "s", bytes=jpeg_bytes)]
+    rows += build_cache(args, tmp)
+    done.touch()
+    return rows
 
 
 def report(args: argparse.Namespace, rows: list[dict], busy: BusySampler | None) -> None:
@@ -650,7 +761,7 @@ def report(args: argparse.Namespace, rows: list[dict], busy: BusySampler | None)
     prof = PROFILES[args.profile]
     title = (
         f"One reference fold on {args.device} ({args.profile}: 2 epochs × {prof.iterations} it, "
-        f"batch {prof.batch or 32})"
+        f"batch {prof.batch or 32}, loss {args.loss})"
     )
     table = Table(title=title)
     for col in ("section", "measure", "value", "unit", "goal", "met", "note"):
@@ -688,6 +799,7 @@ def report(args: argparse.Namespace, rows: list[dict], busy: BusySampler | None)
     df = pd.DataFrame(rows).assign(
         device=args.device,
         profile=args.profile,
+        loss=args.loss,
         trunk="bninception",  # the reference preset's (mlrc data bench reads these two)
         batch=prof.batch or 32,
         machine=machine(),
@@ -697,6 +809,8 @@ def report(args: argparse.Namespace, rows: list[dict], busy: BusySampler | None)
             df[col] = df[col].astype("Int64")
     df.to_csv(args.out, index=False)
     console.print(f"wrote {args.out}", soft_wrap=True)
+    if args.rows is not None:
+        args.rows.write_text(df.to_json(orient="records", force_ascii=False))
 
 
 def fmt(value: float | None) -> str:

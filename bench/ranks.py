@@ -40,14 +40,17 @@ def machine(device: str) -> str:
     return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
 
 
-def dataset_and_preset(device: str, quick: bool, tmp: Path) -> tuple[Any, Any]:
-    """The fold's dataset and preset (see the module docstring)."""
+def dataset_and_preset(
+    device: str, quick: bool, tmp: Path, iterations: int | None = None
+) -> tuple[Any, Any]:
+    """The fold's dataset and preset (see the module docstring); ``iterations`` per epoch
+    overrides the preset's."""
     from mlrc import data
     from mlrc.config import load_preset
 
     fixed = {"validate_every": {"default": 1}, "patience": {"default": 10_000}, "max_epochs": 2}
     if device == "cpu":
-        over = {**fixed, "iterations_per_epoch": 8 if quick else 25}
+        over = {**fixed, "iterations_per_epoch": iterations or (8 if quick else 25)}
         return data.build("glyphs"), load_preset("cpu", over)
     from gpu_fold import PROFILES, make_image_folder
 
@@ -56,7 +59,7 @@ def dataset_and_preset(device: str, quick: bool, tmp: Path) -> tuple[Any, Any]:
     over = {
         **fixed,
         "pretrained": False,
-        "iterations_per_epoch": 40 if quick else 150,
+        "iterations_per_epoch": iterations or (40 if quick else 150),
         "batch": {"size": 128},
     }
     return data.build("image_folder", root=tmp / "images"), load_preset("reference", over)
@@ -93,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--quick", action="store_true", help="shorter epochs")
     ap.add_argument("--procs", default=None, help="comma-separated K (default: 1,2,4 ≤ devices)")
+    ap.add_argument("--iterations", type=int, help="iterations per epoch (default: by --quick)")
+    ap.add_argument("--out", type=Path, help="the CSV (default bench/results/ranks_DEVICE.csv)")
     args = ap.parse_args(argv)
     available = torch.cuda.device_count() if args.device == "cuda" else 2
     ks = [int(k) for k in args.procs.split(",")] if args.procs else [1, 2, 4]
@@ -102,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="mlrc-ranks-") as t:
         tmp = Path(t)
-        ds, preset = dataset_and_preset(args.device, args.quick, tmp)
+        ds, preset = dataset_and_preset(args.device, args.quick, tmp, args.iterations)
         rows = [run(ds, preset, k, args.device, tmp) for k in ks]
     base = rows[0]["img_per_s"]
     where = machine(args.device)
@@ -114,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['processes']:>3} {r['img_per_s']:>9.1f} {r['speedup']:>7.2f} "
             f"{r['fold_s']:>8.1f} {r['launch_s']:>9.1f} {r['map_at_r'] or 0:>10.4f}"
         )
-    out = BENCH / "results" / f"ranks_{args.device}.csv"
-    out.parent.mkdir(exist_ok=True)
+    out = args.out or BENCH / "results" / f"ranks_{args.device}.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as f:
         w = csv.DictWriter(f, ["machine", "date", "batch", *rows[0]])
         w.writeheader()

@@ -129,7 +129,9 @@ def test_the_fold_path_imports_no_ray_faiss_mlflow_plotly_or_optuna(tmp_path: Pa
     assert got["loaded"] == [], where
 
 
-def test_gpu_scripts_parse_and_gpu_check_refuses_without_a_gpu_in_one_line() -> None:
+def test_gpu_scripts_parse_and_gpu_check_stops_after_env_without_a_gpu(tmp_path: Path) -> None:
+    """Without --rehearse on a machine with no GPU, the check records what it runs on and
+    stops there, saying so in its last line (exit 2)."""
     import torch
 
     for script in ("gpu_wheels.sh", "gpu_check.sh"):
@@ -137,13 +139,16 @@ def test_gpu_scripts_parse_and_gpu_check_refuses_without_a_gpu_in_one_line() -> 
     if torch.cuda.is_available():
         return  # there it runs for real (minutes)
     proc = subprocess.run(
-        ["bash", str(REPO / "bench" / "gpu_check.sh"), "--quick"],
+        ["bash", str(REPO / "bench" / "gpu_check.sh"), "--quick", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "PYTHON": sys.executable},
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stdout.strip().splitlines() == [
-        "gpu_check: torch sees no CUDA device here (bench/gpu_fold.py --device cpu: the smoke run)"
-    ]
+    assert proc.stdout.strip().splitlines()[-1] == (
+        "gpu_check: torch sees no CUDA device here (--rehearse: the CPU rehearsal)"
+    )
+    parts = [json.loads(line)["part"] for line in (tmp_path / "results.jsonl").open()]
+    assert parts == ["env"]
+    assert json.loads((tmp_path / "env.json").read_text())["gpus"] == []
