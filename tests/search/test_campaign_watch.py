@@ -178,10 +178,18 @@ def test_the_killed_fold_resumes_and_status_says_done(killed, tmp_path):
 # --- a running trial as a worker leaves it ----------------------------------------------------
 
 
-def test_a_running_trial_names_its_worker_and_heartbeat(tmp_path):
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_store(request, tmp_path) -> str:
+    """A new SQLite file, or a new database on a real throwaway PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'db.sqlite'}"
+    return request.getfixturevalue("fresh_database")
+
+
+def test_a_running_trial_names_its_worker_and_heartbeat(any_store):
     """Trial 0 complete, trial 1 running on ``node7:4242`` (Optuna's attribute, a heartbeat),
     its fold 0 running; a test fold of another study running with no worker recorded."""
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    url = any_store
     engine = store.connect(url)
     cfg = parse_campaign(doc(trials=3))
     register(engine, cfg, resolve_campaign(cfg))
@@ -208,7 +216,7 @@ def test_a_running_trial_names_its_worker_and_heartbeat(tmp_path):
     with engine.connect() as c:
         (beat,) = c.execute(text("SELECT heartbeat FROM trial_heartbeats")).one()
     assert held["what"] == "trial 1" and held["worker"] == "node7:4242"
-    assert held["seen"] == str(beat).replace("T", " ")[:19]
+    assert held["seen"] == str(beat).replace("T", " ")[:19]  # SQLite: text, PostgreSQL: datetime
     assert second["test_folds"] == {"total": 4, "done": 0, "running": 1, "left": 3}
     assert [(h["what"], h["worker"]) for h in second["running"]] == [("rep 2 fold 1", None)]
     out = cli("campaign", "status", "watch", "--storage", url).output
