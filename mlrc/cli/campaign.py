@@ -114,17 +114,30 @@ def campaign_run(
 def campaign_status(
     campaign: Annotated[str, typer.Argument(help="campaign YAML or campaign name")],
     storage: StorageOpt = DEFAULT_STORAGE,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON only")] = False,
 ) -> None:
-    """The grid (rows: loss [+ strategy], columns: datasets) with each study's progress."""
+    """The grid (rows: loss [+ strategy], columns: datasets) with each study's progress; per
+    study its trials and test folds done / running / left and the worker holding each running
+    one; planned vs spent."""
     from mlrc import store
-    from mlrc.search.campaign_runner import cells, find_campaign
+    from mlrc.cli.campaign_work import print_work, status_json
+    from mlrc.search.campaign_runner import cells, find_campaign, progress
+    from mlrc.search.campaign_watch import study_work
+    from mlrc.search.plan import spent
 
     with user_errors():
         engine = store.connect(storage, read_only=True)
         cfg = find_campaign(engine, campaign)
         if cfg is None:
             fail(f"no campaign {campaign!r} in {store.redact(storage)}")
-        print_grid(engine, cfg.name, cells(cfg, campaign))
+        grid = cells(cfg, campaign)
+        works = [study_work(engine, c.name) for c in grid]
+        if json_out:
+            states = {c.name: progress(engine, c.name) for c in grid}
+            print(status_json(cfg.name, grid, states, works, spent(engine, [c.name for c in grid])))
+            return
+        print_grid(engine, cfg.name, grid)
+        print_work(works)
         _planned_vs_spent(engine, cfg, campaign)
 
 
@@ -155,6 +168,13 @@ TargetOpt = Annotated[
         "print: 0.5 = ±0.50): propose the reproductions that reach it",
     ),
 ]
+WorkersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        help="the wall-clock on N workers in parallel (trials and test folds of every study)",
+    ),
+]
 PlanDeviceOpt = Annotated[
     str,
     typer.Option(
@@ -169,22 +189,26 @@ def campaign_plan(
     storage: StorageOpt = DEFAULT_STORAGE,
     device: PlanDeviceOpt = "cpu",
     target_ci: TargetOpt = None,
+    workers: WorkersOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON only")] = False,
 ) -> None:
     """Before anything runs: per study and in total, the fold trainings, epochs and device-hours
     left, the disk its checkpoints take when done, and the expected 95% CI half-width of the
-    test MAP@R — measured from the store's own runs where it can, else estimated (and said)."""
+    test MAP@R — measured from the store's own runs where it can, else estimated (and said).
+    ``--workers N``: the wall-clock on N workers beside the device-hours."""
     from mlrc import store
     from mlrc.search.campaign_runner import resolve_campaign
-    from mlrc.search.plan import device_kind, plan_campaign
+    from mlrc.search.plan import check_workers, device_kind, plan_campaign
 
     with user_errors():
-        device_kind(device)  # a bad --device: one line before the store is read
+        device_kind(device)  # a bad --device or --workers: one line before the store is read
+        check_workers(workers)
         missing = store.costs.missing_file(storage)
         engine = None if missing else store.connect(storage, read_only=True)
         cfg = _planned_campaign(engine, campaign, storage)
         grid = resolve_campaign(cfg, campaign)
-        plan = plan_campaign(engine, cfg.name, [(c.row, r) for c, r in grid], device, target_ci)
+        rows = [(c.row, r) for c, r in grid]
+        plan = plan_campaign(engine, cfg.name, rows, device, target_ci, workers)
     if json_out:
         print(plan_json(plan))
         return

@@ -16,7 +16,7 @@ from mlrc.cli.terminal import console
 if TYPE_CHECKING:
     from mlrc.search.plan import CampaignPlan, Estimate, Spent, StudyPlan
 
-__all__ = ["plan_json", "print_plan", "print_spent"]
+__all__ = ["plan_json", "print_plan", "print_spent", "wall_text"]
 
 
 def hours_text(hours: float | None) -> str:
@@ -128,6 +128,29 @@ def print_plan(plan: CampaignPlan) -> None:
     _print_running_disk(plan)
     if target:
         _print_target(plan)
+    if plan.wall is not None:
+        console.print(wall_text(plan), soft_wrap=True, highlight=False)
+
+
+def wall_text(plan: CampaignPlan) -> str:
+    """``on 4 workers: ≈ 1.2 h wall-clock (total 4.6 h ÷ 4; …)``: what ``--workers`` adds."""
+    w = plan.wall
+    assert w is not None
+    if w.hours is None:
+        return f"on {w.workers} workers: wall-clock unknown (hours unknown)"
+    at_most = _at_most(plan.studies)
+    chain = (
+        f"the longest serial chain, {hours_text(w.chain_hours)}, is one trial then one test fold"
+        f" of {w.chain_study}"
+        if w.chain_study
+        else "nothing is left"
+    )
+    held = "the chain holds" if w.bound == "longest chain" else "total ÷ workers holds"
+    return (
+        f"on {w.workers} workers: {at_most}{hours_text(w.hours)} wall-clock (total "
+        f"{hours_text(w.total_hours)} ÷ {w.workers} = {hours_text(w.total_hours / w.workers)}; "
+        f"{chain}; {held})"
+    )
 
 
 def _print_running_disk(plan: CampaignPlan) -> None:
@@ -180,6 +203,7 @@ def plan_json(plan: CampaignPlan) -> str:
         "epochs_left": sum(p.epochs() for p in plan.studies),
         "hours_left": None if None in hours else sum(hours),
         "disk_bytes": None if None in disk else sum(disk),
+        "wall_clock_hours": None if plan.wall is None else plan.wall.hours,
     }
     return json.dumps(out, indent=2)
 

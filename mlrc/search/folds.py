@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,7 @@ def run_fold(
         device=ctx.device,  # this run's, until the result says who computed it
         code_version=code_version(),
         threads=threads,  # torch's sums depend on it: the process that ran the fold last
+        provenance={"worker": worker_name()},  # who holds it while it runs (the result's after)
     )
 
     def record(rec: EpochRecord) -> None:
@@ -110,6 +113,11 @@ def run_fold(
         if kind == "search" and ctx.resolved.keep == "resume":
             res = dataclasses.replace(res, checkpoint=None)
     return res
+
+
+def worker_name() -> str:
+    """``host:pid`` of this process, as a running trial's Optuna user attribute ``worker``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def stored_result(ctx: StudySession, job: FoldJob) -> FoldResult | None:

@@ -41,10 +41,13 @@ __all__ = [
     "Estimate",
     "Spent",
     "StudyPlan",
+    "WallClock",
+    "check_workers",
     "device_kind",
     "plan_campaign",
     "preset_key",
     "spent",
+    "wall_clock",
 ]
 
 DEVICE_FORM = r"(cpu|mps|cuda)(?::\d+)?"
@@ -94,6 +97,7 @@ class StudyPlan:
     spread: Estimate
     ci: float
     target_n: int | None = None
+    trial_folds: int = 1  # fold trainings of one trial (the preset's folds)
 
     @property
     def folds(self) -> int:
@@ -113,6 +117,58 @@ class StudyPlan:
         per = self.seconds_per_epoch.value
         return None if per is None else self.epochs(left) * per / 3600
 
+    def chain_hours(self) -> float | None:
+        """The longest serial chain of what is left, in device-hours: one trial (its folds
+        one after another, if the search is not done) then one test fold (if any is left); the
+        test stage starts only once the search is done. None: no timing figure."""
+        per = self.seconds_per_epoch.value
+        if per is None:
+            return None
+        trial = self.trial_folds * self.epochs_per_fold["search"].value if self.search_left else 0
+        test = self.epochs_per_fold["test"].value if self.test_left else 0
+        return (trial + test) * per / 3600
+
+
+@dataclass(frozen=True)
+class WallClock:
+    """The wall-clock of what is left on ``workers`` workers, in hours: ``total_hours`` ÷
+    ``workers``, bounded below by ``chain_hours`` (the longest serial chain, of study
+    ``chain_study``); ``bound`` says which one holds. Hours None: no timing figure for some
+    study."""
+
+    workers: int
+    hours: float | None
+    total_hours: float | None
+    chain_hours: float | None
+    chain_study: str | None
+    bound: str  # "total / workers" | "longest chain"
+
+
+def wall_clock(studies: Sequence[StudyPlan], workers: int) -> WallClock:
+    """N ``workers`` in parallel over the campaign's units of work — every trial (its folds in
+    series on one worker) and every test fold of every study — each taking the next unit as it
+    frees up: the wall-clock is the total device-hours ÷ N, but never less than the longest
+    serial chain (a trial then a test fold of one study, :meth:`StudyPlan.chain_hours`). A
+    coarse model: it leaves out the time the store takes per claim, and that the units left at
+    a study's end may keep fewer than N workers busy."""
+    hours = [p.hours() for p in studies]
+    chains = [p.chain_hours() for p in studies]
+    if None in hours or None in chains:
+        return WallClock(workers, None, None, None, None, "unknown")
+    total = sum(hours)  # type: ignore[arg-type]
+    chain, study = max(((c, p.study) for c, p in zip(chains, studies, strict=True)),
+                       default=(0.0, None))  # fmt: skip
+    spread = total / workers
+    if chain > spread:
+        return WallClock(workers, chain, total, chain, study, "longest chain")
+    return WallClock(workers, spread, total, chain, study, "total / workers")
+
+
+def check_workers(workers: int | None) -> None:
+    """``--workers``: a positive number of workers, else a one-line ``ConfigError``."""
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers {workers}: the number of workers must be at least 1")
+
 
 @dataclass(frozen=True)
 class CampaignPlan:
@@ -123,6 +179,7 @@ class CampaignPlan:
     studies: list[StudyPlan]
     notes: list[str] = field(default_factory=list)
     target_ci: float | None = None
+    wall: WallClock | None = None  # with --workers N
 
 
 def device_kind(device: str) -> str:
@@ -260,19 +317,23 @@ def plan_campaign(
     studies: Sequence[tuple[str, ResolvedStudy]],
     device: str = "cpu",
     target_ci: float | None = None,
+    workers: int | None = None,
 ) -> CampaignPlan:
     """The plan of campaign ``name``: each ``(row, resolved study)`` on ``device`` (its kind is
     what is matched), from the store behind ``engine`` (None: an empty store); ``target_ci``: a
-    half-width in MAP@R points whose reproductions are proposed. A bad ``device`` or
-    ``target_ci`` is a one-line :class:`~mlrc.config.ConfigError`."""
+    half-width in MAP@R points whose reproductions are proposed; ``workers``: the wall-clock
+    on that many workers (:func:`wall_clock`). A bad ``device``, ``target_ci`` or ``workers``
+    is a one-line :class:`~mlrc.config.ConfigError`."""
     device_kind(device)
+    check_workers(workers)
     if target_ci is not None and not target_ci > 0:
         raise ConfigError(
             f"--target-ci {target_ci}: a half-width must be positive (MAP@R points, e.g. 0.5)"
         )
     data = _read(engine)
     plans = [_study_plan(row, r, device, data, _done(engine), target_ci) for row, r in studies]
-    return CampaignPlan(name, device, plans, _notes(plans, studies, device), target_ci)
+    wall = None if workers is None else wall_clock(plans, workers)
+    return CampaignPlan(name, device, plans, _notes(plans, studies, device), target_ci, wall)
 
 
 def _study_plan(
@@ -314,6 +375,7 @@ def _study_plan(
         spread=Estimate(spread.s, spread.source, spread.kind),
         ci=half_width(spread.s, r.reproductions),
         target_n=reproductions_for(spread.s, target_ci) if target_ci else None,
+        trial_folds=folds,
     )
 
 

@@ -4,6 +4,7 @@ Optuna has no API for what mlrc needs. Every other module reaches them through h
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import inspect, text
@@ -14,7 +15,13 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from sqlalchemy.orm import Session
 
-__all__ = ["has_optuna_tables", "optuna_storage", "rename_optuna_study", "unbeaten_trials"]
+__all__ = [
+    "has_optuna_tables",
+    "optuna_storage",
+    "rename_optuna_study",
+    "running_trial_workers",
+    "unbeaten_trials",
+]
 
 
 def optuna_storage(url: str, **heartbeat: Any) -> Any:
@@ -45,6 +52,25 @@ def unbeaten_trials(engine: Engine, optuna_study_id: int) -> list[tuple[int, int
     )
     with engine.connect() as c:
         return [(r[0], r[1]) for r in c.execute(q, {"sid": optuna_study_id})]
+
+
+def running_trial_workers(engine: Engine, study_name: str) -> dict[int, tuple[str | None, Any]]:
+    """Trial number → (its ``worker`` user attribute, decoded; its last heartbeat, a UTC time
+    as the database returns it) of the RUNNING trials of Optuna's study ``study_name``; None
+    where a trial has none. Empty when the store has no Optuna tables."""
+    if not has_optuna_tables(engine):
+        return {}
+    q = text(
+        "SELECT t.number, a.value_json, MAX(h.heartbeat) FROM trials t"
+        " JOIN studies s ON s.study_id = t.study_id"
+        " LEFT JOIN trial_user_attributes a ON a.trial_id = t.trial_id AND a.key = 'worker'"
+        " LEFT JOIN trial_heartbeats h ON h.trial_id = t.trial_id"
+        " WHERE s.study_name = :name AND t.state = 'RUNNING'"
+        " GROUP BY t.number, a.value_json"
+    )
+    with engine.connect() as c:
+        rows = c.execute(q, {"name": study_name}).all()
+    return {r[0]: (None if r[1] is None else str(json.loads(r[1])), r[2]) for r in rows}
 
 
 def rename_optuna_study(s: Session, old: str, new: str) -> None:

@@ -313,7 +313,8 @@ def test_status_shows_planned_vs_spent(seeded):
         rows = [r for r in FOLDS.get(name, [])]
         ended = sum(r[6] in ("complete", "failed") for r in rows)
         epochs = sum(r[3] for r in rows)
-        line = next(x for x in out.splitlines() if x.startswith(f"│ {name} "))
+        spent = out.split("planned vs spent")[1].splitlines()  # the work table is above it
+        line = next(x for x in spent if x.startswith(f"│ {name} "))
         assert f"{ended} / 12" in line and f"{epochs} / {p.epochs(left=False):,.0f}" in line
         full = 6 * want[name]["epochs"]["search"] + 6 * want[name]["epochs"]["test"]
         assert p.epochs(left=False) == pytest.approx(full)
