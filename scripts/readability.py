@@ -24,6 +24,7 @@ single capital (an initial). A word is a white-space separated token with a lett
 
     python scripts/readability.py                    # the table for README, docs/index, guide
     python scripts/readability.py docs/tutorial.md   # given pages
+    python scripts/readability.py --long PAGE        # also print each sentence over 35 words
     python scripts/readability.py --check            # the pages of CHECKED against the limits
 
 ``--check`` exits 1, naming each page and figure, when a page of ``CHECKED`` has a mean
@@ -46,13 +47,15 @@ MAX_LONG_SHARE = 0.05  # share of long sentences at most
 
 # The pages that must pass --check (paths relative to the repository).
 CHECKED = [
+    "README.md",
+    "docs/index.md",
+    "docs/tutorial.md",
+    "docs/glossary.md",
     "docs/guide/dashboards.md",
 ]
 # The pages users read that are not rewritten yet: measured by default, not checked. Move a
 # page to CHECKED once it is rewritten. A page listed here that does not exist is passed over.
 NOT_YET = [
-    "README.md",
-    "docs/index.md",
     "docs/guide/architecture.md",
     "docs/guide/campaigns.md",
     "docs/guide/clusters.md",
