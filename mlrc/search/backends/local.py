@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from mlrc import store
-from mlrc.errors import raise_if_stopped
+from mlrc.errors import raise_if_stopped, sleep_or_stop
 from mlrc.search.ax_sampler import SEM_ATTR
 from mlrc.search.errors import INTERRUPTED, Interrupted, ending
 from mlrc.search.heartbeat import (
@@ -75,14 +74,14 @@ def run_search(
     )
     store.retry(lambda: _prepare(ctx, ostudy, storage, study_id), ctx.engine, "opening the study")
     while True:
-        raise_if_stopped()  # a Ctrl-C or SIGTERM whose KeyboardInterrupt was swallowed
+        raise_if_stopped()  # a Ctrl-C or SIGTERM received: stop before the next claim
         claim = store.retry(
             lambda: _claim(ctx, ostudy, storage, study_id), ctx.engine, "taking the next trial"
         )
         if claim is None:
             return ostudy
         if claim == "wait":
-            time.sleep(poll_s)
+            sleep_or_stop(poll_s)  # looks for a stop signal every 0.1 s
             continue
         try:
             with (
