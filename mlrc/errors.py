@@ -6,6 +6,9 @@ Imports nothing of mlrc, so any module (the store, the trainer, the command line
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 __all__ = [
     "alive",
@@ -15,14 +18,23 @@ __all__ = [
     "note_stop_signal",
     "raise_if_stopped",
     "signal_behind",
+    "sleep_or_stop",
     "stop_signal",
+    "stops_raise_at_once",
+    "stops_raise_now",
     "worker_message",
 ]
 
-# The stop signals (SIGINT, SIGTERM) this process's command received: ``mlrc.cli.interrupts``
-# notes each one as it raises KeyboardInterrupt, so that a KeyboardInterrupt a library swallowed
-# still stops the work at the next epoch or trial (:func:`raise_if_stopped`).
+# Signals as data. The stop signals (SIGINT, SIGTERM, SIGHUP) this process's command received:
+# ``mlrc.cli.interrupts``'s handlers only note them here. mlrc's own code raises the stop at its
+# safe points (:func:`raise_if_stopped`: each training step, each pass of every wait, poll and
+# backoff loop), never from inside whatever a library runs when the signal lands (a weakref
+# callback drops an exception raised there).
 _stop_signals: list[int] = []
+# > 0 while mlrc waits inside a library that has no safe point of its own (Ray Tune's fit): the
+# handler then raises KeyboardInterrupt at once, as Python's default handler does.
+_raise_at_once: list[int] = [0]
+SLICE_S = 0.1  # the longest a wait of :func:`sleep_or_stop` goes without looking for a stop
 
 
 def first_line(error: BaseException | str, default: str | None = None) -> str:
@@ -51,13 +63,19 @@ def worker_message(message: str) -> str:
 
 def interrupt_behind(e: BaseException | None) -> KeyboardInterrupt | None:
     """The KeyboardInterrupt that ``e`` is, or was raised while handling, if any (a Ctrl-C may
-    surface as another error raised while it unwound: torch.save's RuntimeError mid-write)."""
+    surface as another error raised while it unwound: torch.save's RuntimeError mid-write).
+    Once this process received a stop signal, any error is one: the work the stop cut short
+    (a loader process ended by the same signal sent to the whole group) is interrupted, not
+    failed; a real failure shows again when the work resumes."""
+    first = e
     seen: set[int] = set()
     while e is not None and id(e) not in seen:
         if isinstance(e, KeyboardInterrupt):
             return e
         seen.add(id(e))
         e = e.__cause__ or e.__context__
+    if first is not None and _stop_signals:
+        return _stop()
     return None
 
 
@@ -73,9 +91,11 @@ def signal_behind(e: BaseException | None) -> int | None:
     return None
 
 
-def note_stop_signal(signum: int) -> None:
-    """Remember that ``signum`` asked this process to stop (the command line's handler)."""
+def note_stop_signal(signum: int) -> int:
+    """Remember that ``signum`` asked this process to stop (the command line's handler: it
+    must do little else, as it runs between any two bytecodes); how many were received."""
     _stop_signals.append(signum)
+    return len(_stop_signals)
 
 
 def stop_signal() -> int | None:
@@ -88,11 +108,50 @@ def forget_stop_signals() -> None:
     _stop_signals.clear()
 
 
+def _stop() -> KeyboardInterrupt:
+    """The KeyboardInterrupt that stops the work, carrying the first signal's number."""
+    stop = KeyboardInterrupt()
+    stop.signum = _stop_signals[0]  # type: ignore[attr-defined]  # read by signal_behind
+    return stop
+
+
 def raise_if_stopped() -> None:
-    """KeyboardInterrupt again if a stop signal was received: called between epochs and before
-    each trial, it stops the work even where the first KeyboardInterrupt was swallowed."""
+    """KeyboardInterrupt (its ``signum``: the signal's number) if a stop signal was received:
+    mlrc's safe points call it — each training step and evaluation batch, each epoch and trial,
+    each pass of a wait, poll or backoff loop."""
     if _stop_signals:
-        raise KeyboardInterrupt
+        raise _stop()
+
+
+def sleep_or_stop(seconds: float) -> None:
+    """Sleep ``seconds``, looking for a stop every :data:`SLICE_S` (a handler that only records
+    does not cut ``time.sleep`` short): KeyboardInterrupt within that of a signal. A negative
+    wait returns at once (after one look). Tenacity's ``sleep``, and every poll's."""
+    deadline = time.monotonic() + seconds
+    while True:
+        raise_if_stopped()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(SLICE_S, left))
+
+
+@contextmanager
+def stops_raise_at_once() -> Iterator[None]:
+    """While inside, a stop signal raises KeyboardInterrupt at once (the handler does, the first
+    time): for a wait inside a library that never reaches one of mlrc's safe points (Ray Tune's
+    fit, which runs the trials in other processes). A stop already received raises on entry."""
+    raise_if_stopped()
+    _raise_at_once[0] += 1
+    try:
+        yield
+    finally:
+        _raise_at_once[0] -= 1
+
+
+def stops_raise_now() -> bool:
+    """Should the handler raise KeyboardInterrupt itself (inside :func:`stops_raise_at_once`)?"""
+    return _raise_at_once[0] > 0
 
 
 def alive(pid: int) -> bool:

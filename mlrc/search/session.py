@@ -75,6 +75,9 @@ class StudySession:
     # what starts a fold's K ranks: (spec, devices, threads, on_validation) → result; None:
     # torchrun's launcher on this node (mlrc.train.launch.train_fold_ranks)
     launcher: Callable[..., Any] | None = None
+    # the study's lock file on SQLite (:class:`~mlrc.store.HeldFile`: its check()), held by
+    # open_study; None on PostgreSQL (the advisory lock of each claim) and in other processes
+    lock: Any = None
 
     @property
     def name(self) -> str:
@@ -151,7 +154,7 @@ def open_study(
     :func:`rank_plan`'s devices), checked before anything is stored."""
     ranks = rank_plan(resolved, device, procs, devices)
     engine = store.connect(url)
-    with sqlite_lock(engine, resolved.study.name):
+    with sqlite_lock(engine, resolved.study.name) as lock:
         if force_new:
             old = studies.stored_config(engine, resolved.study.name)
             if old is not None and identity_change(old, resolved.fingerprint()) is not None:
@@ -161,7 +164,7 @@ def open_study(
         ctx = build_session(
             resolved, url, artifacts, device, progress, engine, budgets_used, threads, len(ranks)
         )
-        ctx.devices = ranks
+        ctx.devices, ctx.lock = ranks, lock
         for warning in data.check_dataset(ctx.dataset, ctx.split.trainval_classes):
             log.warning("%s", warning)  # one-image training classes, duplicate files
         try:
@@ -228,11 +231,12 @@ def split_of(resolved: ResolvedStudy, ds: ImageDataset) -> Split:
 
 
 @contextmanager
-def sqlite_lock(engine: Engine, name: str) -> Iterator[None]:
-    """One process per study on a SQLite file: a second one is refused, never interleaved."""
+def sqlite_lock(engine: Engine, name: str) -> Iterator[store.HeldFile | None]:
+    """One process per study on a SQLite file: a second one is refused, never interleaved. The
+    block gets the lock file held (None: PostgreSQL, an in-memory database)."""
     database = store.sqlite_path(engine)
     if database is None:
-        yield
+        yield None
         return
     path = Path(f"{database}.{name}.lock")
     if not path.parent.is_dir():  # filelock would create it
@@ -245,7 +249,7 @@ def sqlite_lock(engine: Engine, name: str) -> Iterator[None]:
     # a kernel lock, released when the process dies; its file removed when the command ends
     with ExitStack() as held:
         try:
-            held.enter_context(
+            lock = held.enter_context(
                 store.removed_lock_file(str(path), blocking=False, on_acquired=write_pid)
             )
         except Timeout:  # before OSError: filelock's Timeout is a TimeoutError
@@ -261,7 +265,7 @@ def sqlite_lock(engine: Engine, name: str) -> Iterator[None]:
             raise StudyError(
                 f"{path}: cannot create the study's lock file ({e.strerror})"
             ) from None
-        yield
+        yield lock
 
 
 def register_study(

@@ -51,7 +51,14 @@ from mlrc.store import (
     transfer,
     trials,
 )
-from mlrc.store.engine import advisory_lock, removed_lock_file, sqlite_path
+from mlrc.store.engine import (
+    HeldFile,
+    HeldLock,
+    LockLost,
+    advisory_lock,
+    removed_lock_file,
+    sqlite_path,
+)
 from mlrc.store.migrate import connect, current, upgrade
 from mlrc.store.optuna_tables import optuna_storage, unbeaten_trials
 from mlrc.store.reconnect import (
@@ -82,7 +89,10 @@ __all__ = [
     "EmbeddingFileRecord",
     "FoldCurve",
     "FoldRunRecord",
+    "HeldFile",
+    "HeldLock",
     "HistoryRecord",
+    "LockLost",
     "StoreError",
     "StudyProgress",
     "StudyRecord",

@@ -21,6 +21,7 @@ from sqlalchemy import create_engine, event, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from mlrc.errors import first_line, sleep_or_stop
 from mlrc.store.reconnect import (
     URL_FORMS,
     StoreError,
@@ -36,21 +37,97 @@ from mlrc.store.schema import Base, Study
 T = TypeVar("T")
 
 
+class LockLost(RuntimeError):
+    """A lock this process took is no longer its own (its connection, which held it, is gone:
+    a database restart, a terminated backend; or its lock file was replaced). The work done
+    under it must be redone under a new one."""
+
+
+_HELD = (  # an advisory lock on a bigint key: classid its high 32 bits, objid its low 32 bits
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
+    "AND granted AND objsubid = 1 AND classid::bigint = :c AND objid::bigint = :o"
+)
+
+
+class HeldLock:
+    """The lock an :func:`advisory_lock` block holds; :meth:`check` says it still does."""
+
+    def __init__(self, conn: Any = None, key: int = 0, name: str = "") -> None:
+        self.conn, self.key, self.name = conn, key, name
+
+    def check(self) -> None:
+        """:class:`LockLost` unless this process still holds the lock: on PostgreSQL, its lock
+        connection's own backend is granted it in ``pg_locks`` (a connection that fails to answer
+        has lost it). A no-op on SQLite, where the study's lock file is the lock."""
+        if self.conn is None:
+            return
+        from sqlalchemy import text
+        from sqlalchemy.exc import DBAPIError
+
+        unsigned = self.key & 0xFFFFFFFFFFFFFFFF
+        try:
+            held = self.conn.execute(
+                text(_HELD), {"c": unsigned >> 32, "o": unsigned & 0xFFFFFFFF}
+            ).scalar()
+            self.conn.commit()
+        except DBAPIError as e:
+            raise LockLost(
+                f"lock {self.name!r} lost with its connection ({first_line(e.orig or e)})"
+            ) from None
+        if not held:
+            raise LockLost(f"lock {self.name!r} is no longer held by this process")
+
+
+class HeldFile:
+    """The lock file a :func:`removed_lock_file` block holds; :meth:`check` says it still
+    does."""
+
+    def __init__(self, path: str, held: os.stat_result) -> None:
+        self.path, self.held = path, held
+
+    def check(self) -> None:
+        """:class:`LockLost` unless the file at ``path`` is still the one this process locked
+        (same device and inode: not removed, not replaced) and it is still locked (a new
+        ``flock`` of it, from another open file, fails)."""
+        import fcntl
+
+        try:
+            if not os.path.samestat(os.stat(self.path), self.held):
+                raise FileNotFoundError  # another file now: this one was removed
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            raise LockLost(f"{self.path}: the lock file was removed or replaced") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # locked: by this process, the file being the one it locked
+        finally:
+            os.close(fd)  # also releases the lock just taken, if it was taken
+        raise LockLost(f"{self.path}: the lock file is no longer locked")
+
+
 @contextmanager
-def advisory_lock(engine: Engine, name: str) -> Iterator[None]:
+def advisory_lock(engine: Engine, name: str) -> Iterator[HeldLock]:
     """A cluster-wide mutex named ``name`` (PostgreSQL advisory lock, released on disconnect,
-    so a killed holder never blocks the others). On SQLite a no-op: one process per study."""
+    so a killed holder never blocks the others), held on a connection of its own; the block
+    gets a :class:`HeldLock` to check that it still holds it. Waiting for it polls
+    (``pg_try_advisory_lock``, every 10 ms growing to 100 ms), looking for a stop signal each
+    time. On SQLite a no-op: one process per study."""
     if engine.dialect.name != "postgresql":
-        yield
+        yield HeldLock()
         return
     from sqlalchemy import text
 
     key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
     conn = retry(engine.connect, engine, "taking a lock")
     try:
-        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+        wait_s = 0.01
+        while not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
+            conn.commit()
+            sleep_or_stop(wait_s)
+            wait_s = min(0.1, 2 * wait_s)
         conn.commit()
-        yield
+        yield HeldLock(conn, key, name)
     finally:
         try:
             conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
@@ -102,7 +179,7 @@ def sqlite_path(engine: Engine) -> str | None:
 @contextmanager
 def removed_lock_file(
     path: str, blocking: bool = True, on_acquired: Callable[[int], None] | None = None
-) -> Iterator[None]:
+) -> Iterator[HeldFile]:
     """An exclusive ``flock`` on the file ``path`` (created if missing; the kernel releases it
     when the process dies), the file removed on release. filelock leaves it (unlinking a lock
     file is unsafe in general), so it is removed here while still held, and only while ``path``
@@ -111,7 +188,7 @@ def removed_lock_file(
     ``st_nlink``), so two processes never hold ``path`` at once. ``blocking=False``: one try,
     :class:`filelock.Timeout` if another process holds it (a try that lost to a release that
     removed the file is retried). ``on_acquired(fd)``: called once the lock is held. An
-    :class:`OSError` when the file cannot be created."""
+    :class:`OSError` when the file cannot be created. The block gets a :class:`HeldFile`."""
     from filelock import FileLock, Timeout
 
     held: list[os.stat_result] = []
@@ -137,7 +214,7 @@ def removed_lock_file(
             if blocking or attempt == 4 or os.path.lexists(path):
                 raise  # held by another process
     try:
-        yield
+        yield HeldFile(path, held[-1])
     finally:
         try:
             if held and os.path.samestat(os.lstat(path), held[-1]):

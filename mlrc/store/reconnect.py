@@ -23,7 +23,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from mlrc.errors import first_line
+from mlrc.errors import first_line, sleep_or_stop
 
 log = logging.getLogger("mlrc")
 T = TypeVar("T")
@@ -186,6 +186,7 @@ def retry_connects(engine: Engine, first_s: float = 5.0, connected: bool = False
                 stop=stop_before_delay(window),
                 before=bound_attempt,
                 before_sleep=_warn("database %s unreachable (%s); retrying in %.1f s", where),
+                sleep=sleep_or_stop,  # a stop signal ends the wait within 0.1 s
                 reraise=True,
             )(attempt)
         except unreachable as e:  # refused, or still unreachable at the end of the window
@@ -216,6 +217,7 @@ def retry(fn: Callable[[], T], engine: Engine, what: str) -> T:
         wait=_BACKOFF,
         stop=stop_before_delay(reconnect_window_s()),
         before_sleep=_warn("%s: connection lost (%s); retrying in %.1f s", what),
+        sleep=sleep_or_stop,  # a stop signal ends the wait within 0.1 s
         retry_error_callback=give_up,
     )(fn)
 

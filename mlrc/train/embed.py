@@ -10,6 +10,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from mlrc.data.base import ImageDataset
 from mlrc.data.transforms import batch_to_trunk_input
+from mlrc.errors import raise_if_stopped
+from mlrc.train.loaders import ignore_stop_signals
 from mlrc.train.model import Model
 
 
@@ -71,11 +73,17 @@ def embed_tensors(
     model.eval()
     out, labels = [], []
     loader = (
-        DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+        DataLoader(
+            dataset,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            worker_init_fn=ignore_stop_signals,
+        )
         if isinstance(dataset, Dataset)
         else dataset  # a ready loader: a DataLoader or a FoldLoader
     )
     for x, y in loader:
+        raise_if_stopped()  # a stop signal's safe point: each evaluation batch
         x = batch_to_trunk_input(x, model.trunk.input_spec, device, loader.pin_memory)
         out.append(model(x).float())
         labels.append(y)

@@ -68,6 +68,7 @@ class FoldLoader:
             num_workers=num_workers,
             pin_memory=pin_memory,
             persistent_workers=num_workers > 0,
+            worker_init_fn=ignore_stop_signals,
             generator=torch.Generator(),  # its own draw must not advance the global RNG
         )
 
@@ -130,3 +131,13 @@ class _SeededDataset(Dataset):
             np.random.seed(worker_seed_state(seed, info.id))
             self.seeded_for = seed
         return self.dataset[i]
+
+
+def ignore_stop_signals(_worker_id: int) -> None:
+    """A DataLoader worker's ``worker_init_fn``: SIGINT and SIGTERM (a Ctrl-C or a preemption
+    sent to the whole process group) are its parent's to handle; the worker ends with its
+    parent (torch's watchdog sees the parent gone)."""
+    import signal
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)

@@ -157,7 +157,7 @@ def train_epochs(run: FoldRun, state: dict[str, Any] | None) -> FoldResult:
     bar = progress_bar(run)
     try:
         for epoch in range(run.start_epoch, run.spec.preset.max_epochs + 1):
-            raise_if_stopped()  # a Ctrl-C or SIGTERM whose KeyboardInterrupt was swallowed
+            raise_if_stopped()  # a Ctrl-C or SIGTERM received (also checked at each step)
             train_loss = train_epoch(run, epoch, bar)
             if isinstance(train_loss, FoldResult):
                 return train_loss
@@ -235,6 +235,7 @@ def run_steps(run: FoldRun, epoch: int, tally: LossTally, bar: tqdm) -> None:
     p = run.spec.preset
     next_read = math.inf if bar.disable else time.monotonic() + READ_SECONDS
     for x, y, idx in rank_stream(run.parts.train_loader, run.spec.seed, epoch):
+        raise_if_stopped()  # the safe point of a stop signal: once per training step
         it = (epoch - 1) * p.iterations_per_epoch + tally.n + 1  # 1-based over the fold
         loss = calculate_loss(run, x, y, idx)
         tally.add(loss, it)

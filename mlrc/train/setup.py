@@ -40,7 +40,7 @@ from mlrc.train.distributed import (
     sync_batchnorm,
 )
 from mlrc.train.embed import IndexedView, View
-from mlrc.train.loaders import FoldLoader
+from mlrc.train.loaders import FoldLoader, ignore_stop_signals
 from mlrc.train.model import Model, build_model
 from mlrc.train.numerics import apply_numerics, bind_device
 from mlrc.train.spec import FoldSpec
@@ -156,6 +156,7 @@ def make_loaders(
             FoldLoader(IndexedView(train_set), batch_sampler=sampler, **opts),
             FoldLoader(val_set, batch_size=p.eval_batch_size, **opts),
         )
+    opts["worker_init_fn"] = ignore_stop_signals
     return (
         DataLoader(IndexedView(train_set), batch_sampler=sampler, **opts),
         DataLoader(val_set, batch_size=p.eval_batch_size, **opts),

@@ -43,6 +43,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from mlrc import paths
+from mlrc.errors import raise_if_stopped
 
 __all__ = [
     "apply_threads",
@@ -299,9 +300,11 @@ def _claim(d: Path, threads: int) -> FileLock:
 
 
 def _wait_and_take(d: Path, threads: int, waiting: list[FileLock]) -> FileLock:
-    """:func:`_claim`'s loop; ``waiting`` gets this process's ``wait`` file once it waits."""
+    """:func:`_claim`'s loop; ``waiting`` gets this process's ``wait`` file once it waits. A
+    stop signal ends the wait within one pass (:data:`POLL_S`)."""
     prefix, pid, cores = _host_prefix(), os.getpid(), visible_cores()
     while True:
+        raise_if_stopped()
         with _mutex(d):
             busy, waiters = _others(d, prefix, pid)
             mine = _ticket(waiting[0]) if waiting else None

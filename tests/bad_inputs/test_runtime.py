@@ -65,7 +65,10 @@ def write_study(tmp: Path, name: str, *, trials=2, loss=None, enqueue=None, over
 class Child:
     """``mlrc ARGS`` in a forked child (several commands: one after the other while they
     succeed, as ``&&``); stdout and stderr go to files beside ``log``. ``hook`` runs in the child
-    first (the crash tests plant a SIGKILL at an exact point with it)."""
+    first (the crash tests plant a SIGKILL at an exact point with it). ``blocked`` and
+    ``ignored``: signals the child starts with blocked or ignored, as a launcher may leave them
+    (a signal mask and SIG_IGN survive fork and exec). Its ``/proc`` signal lines, read as each
+    signal is sent, are part of :meth:`output`."""
 
     def __init__(
         self,
@@ -73,13 +76,16 @@ class Child:
         log: Path,
         fsize: int | None = None,
         hook: Callable[[], None] | None = None,
+        blocked: frozenset[int] = frozenset(),
+        ignored: frozenset[int] = frozenset(),
     ) -> None:
         self.out, self.err = log.with_suffix(".out"), log.with_suffix(".err")
         build_dataset("glyphs", **GLYPHS)  # rendered once here, inherited by every child
         self.started = time.monotonic()
+        self.states: list[str] = []
         self.pid = os.fork()
         if self.pid == 0:
-            _child_main(commands, self.out, self.err, fsize, hook)
+            _child_main(commands, self.out, self.err, fsize, hook, (blocked, ignored))
         self.code: int | None = None
 
     def alive(self) -> bool:
@@ -93,6 +99,7 @@ class Child:
         deadline = time.monotonic() + timeout
         while self.alive():
             if time.monotonic() > deadline:
+                self.note_state(f"after {timeout} s")
                 os.kill(self.pid, signal.SIGKILL)
                 os.waitpid(self.pid, 0)
                 pytest.fail(f"mlrc did not exit within {timeout} s:\n{self.output()}")
@@ -100,28 +107,52 @@ class Child:
         return self.code
 
     def signal(self, sig: int) -> None:
+        self.note_state(f"before {signal.Signals(sig).name}")
         os.kill(self.pid, sig)
+
+    def note_state(self, when: str) -> None:
+        """Keep the child's ``/proc`` state and signal lines (masks in hex: bit n-1 is signal
+        n, SIGTERM 0x4000), for the output of a failed test."""
+        try:
+            status = Path(f"/proc/{self.pid}/status").read_text().splitlines()
+        except OSError:
+            return
+        lines = [ln for ln in status if ln.startswith(("State", "SigBlk", "SigIgn", "SigCgt",
+                                                       "ShdPnd", "SigPnd"))]  # fmt: skip
+        self.states.append(f"{when}: " + "; ".join(" ".join(ln.split()) for ln in lines))
 
     def stderr_lines(self) -> list[str]:
         return [ln for ln in self.err.read_text().splitlines() if ln.strip()]
 
     def output(self) -> str:
-        return self.out.read_text() + self.err.read_text()
+        states = "".join(f"/proc/{self.pid}/status {s}\n" for s in self.states)
+        return self.out.read_text() + self.err.read_text() + states
 
 
 def _child_main(
-    commands: list[list], out: Path, err: Path, fsize: int | None, hook: Callable | None
+    commands: list[list],
+    out: Path,
+    err: Path,
+    fsize: int | None,
+    hook: Callable | None,
+    inherited: tuple[frozenset[int], frozenset[int]],
 ) -> None:
-    """The forked child: a fresh process's signal dispositions, then the commands; never
-    returns into pytest."""
+    """The forked child: a fresh process's signal dispositions and mask (but the ``inherited``
+    blocked and ignored signals), unraisable exceptions on its stderr (pytest's hook would keep
+    them in this process, lost at its exit), then the commands; never returns into pytest."""
     code = 1
     try:
         sys.stdout = open(out, "w", buffering=1)  # noqa: SIM115 — the child's own stdout
         sys.stderr = open(err, "w", buffering=1)  # noqa: SIM115
         os.dup2(sys.stdout.fileno(), 1)
         os.dup2(sys.stderr.fileno(), 2)
+        sys.unraisablehook = sys.__unraisablehook__  # "Exception ignored in …" on its stderr
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        blocked, ignored = inherited
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        for s in ignored:
+            signal.signal(s, signal.SIG_IGN)
         if fsize is not None:  # what `ulimit -f` sets; Python ignores SIGXFSZ: write() → EFBIG
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         torch.set_num_threads(1)
@@ -498,3 +529,32 @@ def test_interrupted_study_resumes_to_the_uninterrupted_result(signalled):
     assert _completed(db) == _completed(ref)  # same parameters, same values, bit for bit
     assert _folds(db) == _folds(ref) and len(_folds(db)) == 8
     assert leftovers(art) == [] and integrity(db) == "ok"
+
+
+@pytest.mark.parametrize("how", ["blocked", "ignored"])
+def test_sigterm_blocked_or_ignored_at_start_still_stops_the_run_which_resumes(tmp_path, how):
+    """A launcher may start mlrc with SIGTERM blocked or ignored (a mask and SIG_IGN survive
+    fork and exec): the run unblocks and handles it all the same (an ignored one with a
+    warning), stops promptly with the trial interrupted, and the same command resumes it."""
+    path = write_study(tmp_path, "held", trials=1)
+    db = tmp_path / "db.sqlite"
+    args = ["study", "run", path, "--storage", f"sqlite:///{db}", "--artifacts", tmp_path / "a"]
+    inherited = {how: frozenset({signal.SIGTERM})}
+    child = Child([[*args, "--quiet"]], tmp_path / "run", hook=_linger_after_epochs, **inherited)
+    until(child, lambda: _training_fold(db, 0))
+    sent = time.monotonic()
+    child.signal(signal.SIGTERM)
+    code, delay = child.wait(timeout=60), time.monotonic() - sent
+    assert code == 143, child.output()
+    warned = (
+        "warning: SIGTERM was ignored when mlrc started (inherited); mlrc stops on it all the same"
+    )
+    assert child.stderr_lines() == [
+        *([warned] if how == "ignored" else []),
+        f"interrupted (SIGTERM): trial 0 marked interrupted; {INTERRUPTED}",
+    ], child.output()
+    assert delay < 30, child.output()  # the figure is bench/signals.py's; this is a sanity bound
+    assert trials(db)[0][:2] == ("interrupted", "interrupted")
+    again = Child([[*args, "--quiet"]], tmp_path / "again", **inherited)
+    assert again.wait() == 0, again.output()
+    assert [t[0] for _, t in sorted(trials(db).items())] == ["interrupted", "complete"]

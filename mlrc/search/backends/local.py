@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,9 +21,9 @@ import optuna
 from optuna.trial import TrialState
 
 from mlrc import store
-from mlrc.errors import raise_if_stopped
+from mlrc.errors import raise_if_stopped, sleep_or_stop
 from mlrc.search.ax_sampler import SEM_ATTR
-from mlrc.search.errors import INTERRUPTED, Interrupted, ending
+from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending
 from mlrc.search.heartbeat import (
     HEARTBEAT_S,
     TrialHeartbeat,
@@ -53,6 +52,20 @@ class _Claim:
     params: dict[str, Any]
 
 
+# A trial drawn while the study's lock was lost: another worker may hold the lock and draw at the
+# same sampler position. Not counted; drawn again (a retry put back into the queue).
+LOST_CLAIM = "interrupted: the study's lock was lost while the trial was drawn"
+
+
+class _LostClaim(Exception):
+    """The study's lock was lost during a claim (``number``: the trial it had asked, if any;
+    ``final``: the SQLite study's lock file, which this process cannot take again safely)."""
+
+    def __init__(self, why: str, number: int | None = None, final: bool = False) -> None:
+        super().__init__(why)
+        self.number, self.final = number, final
+
+
 def run_search(
     ctx: StudySession,
     heartbeat_s: int = HEARTBEAT_S,
@@ -75,14 +88,21 @@ def run_search(
     )
     store.retry(lambda: _prepare(ctx, ostudy, storage, study_id), ctx.engine, "opening the study")
     while True:
-        raise_if_stopped()  # a Ctrl-C or SIGTERM whose KeyboardInterrupt was swallowed
-        claim = store.retry(
-            lambda: _claim(ctx, ostudy, storage, study_id), ctx.engine, "taking the next trial"
-        )
+        raise_if_stopped()  # a Ctrl-C or SIGTERM received: stop before the next claim
+        try:
+            claim = store.retry(
+                lambda: _claim(ctx, ostudy, storage, study_id), ctx.engine, "taking the next trial"
+            )
+        except _LostClaim as e:  # retried cleanly: this worker goes on
+            _drop_lost_claim(ctx, ostudy, storage, study_id, e)
+            if e.final:
+                raise StudyError(f"{e}; another process may run this study: run it again") from None
+            sleep_or_stop(min(poll_s, 1.0))
+            continue
         if claim is None:
             return ostudy
         if claim == "wait":
-            time.sleep(poll_s)
+            sleep_or_stop(poll_s)  # looks for a stop signal every 0.1 s
             continue
         try:
             with (
@@ -119,8 +139,11 @@ def _claim(
     ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int
 ) -> _Claim | str | None:
     """Under the study's lock: fail stale trials, then ask for the next trial if the budget
-    allows it (``None``: the search is done, ``"wait"``: all remaining slots are running)."""
-    with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
+    allows it (``None``: the search is done, ``"wait"``: all remaining slots are running).
+    The lock is checked before ``ask()`` and before the claim is returned: a lost lock, or the
+    asked trial finished by another worker meanwhile (``UpdateFinishedTrialError``), is a
+    :class:`_LostClaim`."""
+    with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}") as held:
         fail_stale_trials(ostudy)
         recover_unbeaten(ctx, ostudy, storage, study_id)
         known = ostudy.get_trials(deepcopy=False)
@@ -136,12 +159,65 @@ def _claim(
         # otherwise restart the sampler's random stream and repeat earlier parameters).
         r = ctx.resolved
         ostudy.sampler = make_sampler(r.sampler, r.study.search.seed, r.space, done + running)
+        _still_held(ctx, held)
         trial = ostudy.ask()
-        params = suggest(trial, ctx.resolved.space)
-        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
-        storage.record_heartbeat(trial_id)  # before the lock is released: never RUNNING unseen
+        try:
+            params = suggest(trial, ctx.resolved.space)
+            trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+            storage.record_heartbeat(trial_id)  # before the lock's release: never RUNNING unseen
+            _still_held(ctx, held, trial.number)
+        except optuna.exceptions.UpdateFinishedTrialError as e:
+            raise _LostClaim(f"trial {trial.number} was ended by another worker ({e})") from None
         return _Claim(trial, trial_id, params)
+
+
+def _still_held(ctx: StudySession, held: store.HeldLock, number: int | None = None) -> None:
+    """:class:`_LostClaim` (not a database error: :func:`store.retry` leaves it to the caller)
+    unless the study's lock is still this process's: PostgreSQL's advisory lock, or on SQLite
+    the study's lock file (``ctx.lock``)."""
+    try:
+        held.check()
+    except store.LockLost as e:
+        raise _LostClaim(str(e), number) from None
+    if ctx.lock is not None:
+        try:
+            ctx.lock.check()
+        except store.LockLost as e:
+            raise _LostClaim(str(e), number, final=True) from None
+
+
+def _drop_lost_claim(
+    ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int, lost: _LostClaim
+) -> None:
+    """After a lost claim, under the lock again: the trial it asked, if still RUNNING, ends as
+    interrupted (:data:`LOST_CLAIM`: not counted). One taken from the queue (enqueued points,
+    retries) goes back to it; a fresh draw does not — its sampler position is drawn again by the
+    next claim (another worker may have drawn the same parameters there already)."""
+    log.warning("taking the next trial: %s; taking it again", lost)
+    if lost.number is None:
+        return
+
+    def drop() -> None:
+        with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, lost.number)
+            t = storage.get_trial(trial_id)
+            if t.state != TrialState.RUNNING:
+                return  # ended by the worker that held the lock
+            if t.system_attrs.get("fixed_params"):
+                retry_interrupted(ctx, ostudy, storage, study_id, t, LOST_CLAIM)
+            else:
+                storage.set_trial_user_attr(trial_id, "reason", LOST_CLAIM)
+                storage.set_trial_state_values(trial_id, TrialState.FAIL)
+
+    try:
+        store.retry(drop, ctx.engine, f"dropping trial {lost.number}")
+    except Exception as e:  # noqa: BLE001 — recovered later (its heartbeat stops); one line
+        log.warning(
+            "trial %d not dropped now (%s); it is recovered later",
+            lost.number,
+            store.db_error_line(e),
+        )
 
 
 def tell_optuna(

@@ -27,6 +27,7 @@ from ray.tune.search.optuna import OptunaSearch
 from mlrc import store
 from mlrc.config import ResolvedStudy
 from mlrc.config.identity import params_hash
+from mlrc.errors import stops_raise_at_once
 from mlrc.search.ax_sampler import SEM_ATTR
 from mlrc.search.backends.ray_train import ray_train_fold
 from mlrc.search.errors import INTERRUPTED, Interrupted, StudyError, ending, failure_reason
@@ -394,7 +395,8 @@ def _fit(ctx: StudySession, address: str | None, tuner: Callable[[], Any]) -> An
             logging_level=logging.WARNING,
         )
     try:
-        return tuner().fit()
+        with stops_raise_at_once():  # Tune's loop has none of mlrc's safe points
+            return tuner().fit()
     finally:
         if started_here:
             ray.shutdown()

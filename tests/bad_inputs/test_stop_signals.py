@@ -1,0 +1,197 @@
+"""Stop signals as data: the command line's handlers only record a signal, and mlrc raises the
+stop at its own safe points — each pass of a wait, poll or backoff loop, each training step.
+
+Each test forces the condition that used to lose a stop: a KeyboardInterrupt dropped where the
+signal landed (CPython drops one raised in a weakref callback: filelock has some), a process
+started with the signal blocked, a database outage whose retry backs off for minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import typer
+from sqlalchemy import create_engine
+from sqlalchemy.exc import OperationalError
+
+from mlrc import store
+from mlrc.cli.interrupts import interrupts
+from mlrc.errors import forget_stop_signals, note_stop_signal, sleep_or_stop, stop_signal
+from mlrc.train import threads
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from mlrc.train import threads
+threads.configure(None, Path(sys.argv[1]))
+with threads.fold_slot(int(sys.argv[2])):
+    print("ready", flush=True)
+    time.sleep(120)
+"""
+
+# Ctrl-C under mlrc's handlers, the KeyboardInterrupt a handler may raise dropped as CPython
+# drops one raised in a weakref callback: only mlrc's own checks can stop the wait.
+WAITER = """
+import signal, sys
+from pathlib import Path
+import typer
+from mlrc.cli.interrupts import interrupts
+from mlrc.train import threads
+threads.configure(None, Path(sys.argv[1]))
+try:
+    with interrupts():
+        installed = signal.getsignal(signal.SIGINT)
+
+        def dropped(signum, frame):
+            try:
+                installed(signum, frame)
+            except KeyboardInterrupt:  # as CPython reports one it drops
+                print("Exception ignored in:", repr(dropped), file=sys.stderr)
+                print("KeyboardInterrupt", file=sys.stderr)
+
+        signal.signal(signal.SIGINT, dropped)
+        with threads.fold_slot(1):
+            print("ran", flush=True)
+except typer.Exit as e:
+    sys.exit(e.exit_code)
+"""
+
+
+def _proc_signals(pid: int) -> list[str]:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return []
+    return [ln for ln in status if ln.startswith(("State", "Sig", "ShdPnd"))]
+
+
+def test_ctrl_c_during_a_slot_wait_stops_at_once(tmp_path):
+    d = tmp_path / "workers"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(d), str(threads.visible_cores())],
+                              stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    waiter = None
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        waiter = subprocess.Popen([sys.executable, "-c", WAITER, str(d)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not list(d.glob("*.wait-*.slot")) and time.monotonic() < deadline:
+            assert waiter.poll() is None, waiter.communicate()
+            time.sleep(0.05)
+        assert list(d.glob("*.wait-*.slot")), "the waiter never waited"
+        state = _proc_signals(waiter.pid)
+        sent = time.monotonic()
+        waiter.send_signal(signal.SIGINT)
+        try:
+            out, err = waiter.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            state += _proc_signals(waiter.pid)
+            waiter.kill()
+            _, err = waiter.communicate()
+            pytest.fail(f"the waiter ignored Ctrl-C for 20 s: {state}\n{err}")
+        took = time.monotonic() - sent
+        assert waiter.returncode == 130, (err, state)
+        assert err.splitlines()[-1] == "interrupted (SIGINT): run the same command to resume"
+        assert "ran" not in out and took < 5, (took, state)  # POLL_S passes, and exiting
+        assert not list(d.glob("*.wait-*.slot"))  # its wait ended with it
+    finally:
+        for p in (holder, waiter):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+def test_a_stop_ends_the_database_retry_backoff_at_once(monkeypatch):
+    """A lost connection is retried with backoff up to 30 s for ``MLRC_DB_RETRY_S``; a stop
+    signal received meanwhile ends the wait within a slice, not at the window's end."""
+    monkeypatch.setenv("MLRC_DB_RETRY_S", "5")
+    engine = create_engine("sqlite://")
+    calls = []
+
+    def lost() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            note_stop_signal(signal.SIGTERM)  # as the handler does, during the outage
+        raise OperationalError("SELECT 1", {}, ConnectionError("gone"), connection_invalidated=True)
+
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            store.retry(lost, engine, "testing")
+    finally:
+        forget_stop_signals()
+    assert len(calls) == 1 and time.monotonic() - start < 0.5
+    assert stopped.value.signum == signal.SIGTERM
+
+
+def test_sleep_or_stop_looks_for_a_stop_between_slices():
+    try:
+        start = time.monotonic()
+        sleep_or_stop(0.25)
+        assert 0.25 <= time.monotonic() - start < 1
+        note_stop_signal(signal.SIGINT)
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            sleep_or_stop(30)
+        assert time.monotonic() - start < 0.1
+    finally:
+        forget_stop_signals()
+
+
+def test_interrupts_unblocks_the_stop_signals_and_restores_the_callers_mask():
+    stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        with pytest.raises(typer.Exit) as ended, interrupts():
+            assert not stops & signal.pthread_sigmask(signal.SIG_BLOCK, set())
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered now, to the recording handler
+            deadline = time.monotonic() + 5
+            while stop_signal() is None and time.monotonic() < deadline:
+                time.sleep(0.01)  # the handler runs in this (main) thread between bytecodes
+            assert stop_signal() == signal.SIGTERM  # recorded, nothing raised here
+        assert ended.value.exit_code == 143
+        assert signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, set())  # restored
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def test_a_stop_signal_ignored_at_start_is_handled_with_a_warning(capsys):
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with interrupts():
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # the caller's, restored
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: SIGTERM was ignored when mlrc started (inherited); mlrc stops on it all the same"
+    ]
+
+
+def test_loader_workers_leave_stop_signals_to_their_parent():
+    import torch
+    from torch.utils.data import Dataset
+
+    from mlrc.train.loaders import FoldLoader
+
+    class Dispositions(Dataset):
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            ignored = [
+                signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)
+            ]
+            return torch.tensor(ignored)
+
+    loader = FoldLoader(Dispositions(), batch_size=2, num_workers=1)
+    [batch] = list(loader)
+    assert batch.all().item()
+    del loader
