@@ -169,7 +169,7 @@ def study_run(
     procs_per_trial: ProcsOpt = None,
     devices: DevicesOpt = None,
 ) -> None:
-    """Run (or resume) the Bayesian search: trials × 4 folds, objective = mean val MAP@R."""
+    """Run (or resume) the Bayesian search: trials × folds, objective = mean val MAP@R."""
     # size: a typer command: 20 options, one per line; the body is 42 lines
     from mlrc.search.backends import backend_named
     from mlrc.train.numerics import bind_device
@@ -234,7 +234,7 @@ def study_test(
     track: TrackOpt = None,
     skip_checks: SkipChecksOpt = False,
 ) -> None:
-    """Retrain the best parameters N times × 4 folds and test on the unseen classes."""
+    """Retrain the best parameters N times × folds and test on the unseen classes."""
     from mlrc.search import run_test
 
     check_device(device)
