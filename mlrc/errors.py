@@ -9,6 +9,7 @@ import os
 
 __all__ = [
     "alive",
+    "counted",
     "first_line",
     "forget_stop_signals",
     "interrupt_behind",
@@ -23,6 +24,16 @@ __all__ = [
 # notes each one as it raises KeyboardInterrupt, so that a KeyboardInterrupt a library swallowed
 # still stops the work at the next epoch or trial (:func:`raise_if_stopped`).
 _stop_signals: list[int] = []
+
+
+def counted(n: int, singular: str, plural: str | None = None) -> str:
+    """``1 study``, ``2 studies``: ``n`` and the word in the number it takes (``plural``
+    defaults to ``singular + "s"``, or ``…ies`` for a word in ``y``)."""
+    if n == 1:
+        return f"{n} {singular}"
+    if plural is None:
+        plural = singular[:-1] + "ies" if singular.endswith("y") else singular + "s"
+    return f"{n} {plural}"
 
 
 def first_line(error: BaseException | str, default: str | None = None) -> str:

@@ -128,3 +128,12 @@ def test_docs_build_strict(tmp_path):
     ):
         assert f'id="{anchor}"' in api, anchor
     assert not list(REPO.glob("site/index.html")), "the build wrote into the repository"
+
+
+def test_the_design_is_in_the_repository():
+    """#37: the README sent a user to ``../shared/DESIGN.md``, which a clone does not have."""
+    outside = [p.relative_to(REPO) for p in MARKDOWN if "shared/DESIGN" in p.read_text("utf-8")]
+    assert outside == []
+    assert "docs/guide/design.md" in (REPO / "README.md").read_text("utf-8")
+    assert "guide/design.md" in (REPO / "mkdocs.yml").read_text("utf-8")
+    assert "| test split |" in (DOCS / "guide" / "design.md").read_text("utf-8")
