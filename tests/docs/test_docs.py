@@ -137,3 +137,19 @@ def test_the_design_is_in_the_repository():
     assert "docs/guide/design.md" in (REPO / "README.md").read_text("utf-8")
     assert "guide/design.md" in (REPO / "mkdocs.yml").read_text("utf-8")
     assert "| test split |" in (DOCS / "guide" / "design.md").read_text("utf-8")
+
+
+def test_fidelity_states_what_no_seed_reproduces():
+    """#37 finding 10: the reference's unseeded generator, its own pins, the all-folds-at-epoch-0
+    case, old .npz without best_epochs and the loader iterators are stated."""
+    page = " ".join((DOCS / "guide" / "fidelity.md").read_text("utf-8").split())
+    for said in (
+        "replaces PML's generator with an **unseeded** `np.random.RandomState()`",
+        "no seed gives the reference runs' batches",
+        "powerful-benchmarker **0.9.32**",
+        "pins PML **0.9.88**",
+        "**When every fold of a reproduction is at epoch 0**",
+        "before `best_epochs` was kept",
+        "one `DataLoader` iterator per fold",
+    ):
+        assert said in page, said
