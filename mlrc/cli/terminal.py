@@ -350,14 +350,18 @@ def print_report(
     standalone: bool = False,
     archived: bool = False,
     metrics: dict[str, str] | None = None,
+    unreadable: dict[str, str] | None = None,
 ) -> None:
     """The report of ``studies`` and ``campaigns`` (``archived``: with archived studies) on
     stdout, or written to ``out`` (its folder created); ``metrics``: also these, as ``mlrc
-    study rescore`` stored them (column key → how ``--metrics`` asks for it)."""
+    study rescore`` stored them (column key → how ``--metrics`` asks for it); ``unreadable``:
+    why a study's stored embeddings could not be re-scored, by name."""
     from mlrc.report.tables import ReportError, collect, render, summarize
 
     try:
-        values = collect(engine, studies, campaigns, archived=archived, metrics=metrics)
+        values = collect(
+            engine, studies, campaigns, archived=archived, metrics=metrics, unreadable=unreadable
+        )
         text = render(summarize(values), fmt, standalone=standalone)
     except ReportError as e:
         fail(str(e))
