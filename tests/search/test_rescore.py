@@ -197,6 +197,7 @@ def test_retention_keeps_the_embeddings_and_gc_counts_them(tested, tmp_path):
     assert len(npz) == 2 and kept and {p.name for p in kept} == {"best.pt"}
     assert len({p.parts[-3] for p in kept}) == 1  # of one reproduction
     size = sum(os.stat(p).st_size for p in npz)
+    both = size + sum(os.stat(p).st_size for p in kept)
     out = cli("gc", "--storage", url, "--artifacts", art, "--keep", "resume").output
     assert f"kept {human_bytes(size)} of stored test embeddings in 2 files" in out
     assert sorted(art.rglob("*.npz")) == npz
@@ -205,7 +206,6 @@ def test_retention_keeps_the_embeddings_and_gc_counts_them(tested, tmp_path):
         c.execute("UPDATE mlrc_study SET name = 'e.old-1' WHERE name = 'e'")
     os.replace(art / "e", art / "e.old-1")
     out = cli("gc", "--storage", url, "--artifacts", art).output
-    both = size + sum(os.stat(p).st_size for p in kept)
     assert f"freed {human_bytes(both)} in {2 + len(kept)} files" in out
     assert not list(art.rglob("*.npz"))
 
