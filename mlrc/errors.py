@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 __all__ = [
     "alive",
+    "counted",
     "first_line",
     "forget_stop_signals",
     "interrupt_behind",
@@ -35,6 +36,16 @@ _stop_signals: list[int] = []
 # handler then raises KeyboardInterrupt at once, as Python's default handler does.
 _raise_at_once: list[int] = [0]
 SLICE_S = 0.1  # the longest a wait of :func:`sleep_or_stop` goes without looking for a stop
+
+
+def counted(n: int, singular: str, plural: str | None = None) -> str:
+    """``1 study``, ``2 studies``: ``n`` and the word in the number it takes (``plural``
+    defaults to ``singular + "s"``, or ``…ies`` for a word in ``y``)."""
+    if n == 1:
+        return f"{n} {singular}"
+    if plural is None:
+        plural = singular[:-1] + "ies" if singular.endswith("y") else singular + "s"
+    return f"{n} {plural}"
 
 
 def first_line(error: BaseException | str, default: str | None = None) -> str:

@@ -160,8 +160,26 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    """``mlrc --version``: the version that computes (with the git commit in a checkout)."""
+    if value:
+        from mlrc.config.identity import code_version
+
+        typer.echo(f"mlrc {code_version()}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="print mlrc's version (with the git commit in a checkout) and exit",
+        ),
+    ] = False,
     debug: Annotated[
         bool,
         typer.Option(

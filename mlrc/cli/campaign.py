@@ -38,8 +38,10 @@ from mlrc.cli.terminal import (
     fail,
     print_report,
     print_status_by_name,
+    print_table,
     user_errors,
 )
+from mlrc.errors import counted
 
 if TYPE_CHECKING:  # the runner imports torch: only when a command runs (mlrc --help stays fast)
     from mlrc.search.campaign_runner import Cell, Plan, Progress
@@ -262,7 +264,7 @@ class Printed:
         console.print(f"[red]study {i}/{n} failed:[/red] {cell.name}: {problem}", soft_wrap=True)
 
     def finished(self, engine: Any, name: str, plan: Plan) -> None:
-        console.rule(f"[bold]campaign {name}[/bold]: {len(plan)} studies")
+        console.rule(f"[bold]campaign {name}[/bold]: {counted(len(plan), 'study')}")
         states = print_grid(engine, name, [c for c, _ in plan])
         tested = [c.name for c, _ in plan if states[c.name].state == "done"]
         if tested:
@@ -278,7 +280,7 @@ def print_grid(engine: Any, name: str, grid: list[Cell]) -> dict[str, Progress]:
     from mlrc.search.campaign_runner import progress
 
     states = {c.name: progress(engine, c.name) for c in grid}
-    console.print(_grid_table(name, grid, states))
+    print_table(_grid_table(name, grid, states))
     for c in grid:
         if states[c.name].state == "failed":
             console.print(f"{c.name}: {states[c.name].text}", soft_wrap=True, highlight=False)
@@ -287,7 +289,7 @@ def print_grid(engine: Any, name: str, grid: list[Cell]) -> dict[str, Progress]:
         for k in ("done", "failed", "running", "partial", "pending", "not started")
     }
     summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-    console.print(f"{len(grid)} studies: {summary}", soft_wrap=True, highlight=False)
+    console.print(f"{counted(len(grid), 'study')}: {summary}", soft_wrap=True, highlight=False)
     return states
 
 

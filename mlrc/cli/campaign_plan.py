@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
-from mlrc.cli.terminal import console
+from mlrc.cli.terminal import console, print_table
 
 if TYPE_CHECKING:
     from mlrc.search.plan import CampaignPlan, Estimate, Spent, StudyPlan
@@ -115,7 +115,7 @@ def print_plan(plan: CampaignPlan) -> None:
     for p in plan.studies:
         table.add_row(*_row(p, src, target))
     table.add_row(*_total(plan, target), style="bold")
-    console.print(table)
+    print_table(table)
     console.print(
         "folds: fold trainings (search trials × folds + test reproductions × folds); "
         "±MAP@R: expected 95% CI half-width of the test MAP@R (concatenated) in MAP@R points "
@@ -222,7 +222,7 @@ def print_spent(plan: CampaignPlan, spent: dict[str, Spent]) -> None:
             f"{s.epochs:,} / {p.epochs(left=False):,.0f}",
             f"{hours_text(s.hours)} / {hours_text(p.hours(left=False))}",
         )
-    console.print(table)
+    print_table(table)
     console.print(
         "spent / planned: spent is measured from the store (fold runs that ended, epochs "
         "trained, recorded wall time); planned is the full budget as `mlrc campaign plan` "

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from mlrc import data
@@ -127,6 +128,8 @@ def data_summary(
         f"{ds.name}: {len(ds)} images, {ds.num_classes} classes, "
         f"{counts.min()}–{counts.max()} images per class"
     )
+    for line in data.ignored_warning(ds):
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
     console.print(_cache_line(ds, p, preset), highlight=False, soft_wrap=True)
     if (line := _roles_line(ds)) is not None:
         console.print(line, highlight=False, soft_wrap=True)
@@ -172,6 +175,8 @@ def data_check(
 
     with listing_bad_files() as found:  # missing and empty files: listed, not the first only
         ds = _load(name, root)
+    for line in data.ignored_warning(ds):
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
     listed = {origin for origin, _ in found}
     rest = [i for i in range(len(ds)) if ds.origins[i] not in listed]
     bad = [message for _, message in found]
@@ -248,6 +253,13 @@ def data_bench(
         int | None, typer.Option(help="loader workers (default: the preset's num_workers)")
     ] = None,
     seconds: Annotated[float, typer.Option(help="seconds per measurement")] = 10.0,
+    folds: Annotated[
+        int | None,
+        typer.Option(
+            help="folds of the split whose first fold is measured (default: the preset's; "
+            "2 for a folder of few classes)"
+        ),
+    ] = None,
     plain: Annotated[
         bool,
         typer.Option(
@@ -266,12 +278,16 @@ def data_bench(
         fail(f"--workers: {workers} loader workers; give 0 (the main process) or more")
     if not seconds > 0:
         fail(f"--seconds: {seconds}; give a positive number of seconds")
+    if folds is not None and folds < 2:
+        fail(f"--folds: {folds}; give 2 or more")
     try:
         p = load_preset(preset, source="--preset")
     except ConfigError as e:
         fail(str(e))
     if workers is not None:
         p = p.model_copy(update={"num_workers": workers})
+    if folds is not None:
+        p = p.model_copy(update={"folds": folds})
     ds = _bench_dataset(dataset, root)
     parts = _split(ds, None, p.folds, p.split_scheme)
     train, val = _first_fold(parts)

@@ -14,6 +14,7 @@ __all__ = [
     "ArtifactsOpt",
     "CpusPerTrialOpt",
     "DeviceOpt",
+    "FoundArtifactsOpt",
     "GpusPerTrialOpt",
     "MaxConcurrentOpt",
     "KeepOpt",
@@ -29,12 +30,21 @@ __all__ = [
 ]
 
 DEFAULT_STORAGE = "sqlite:///mlrc.db"
-DEFAULT_ARTIFACTS = Path("mlrc-artifacts")
+DEFAULT_ARTIFACTS = Path("mlrc-artifacts")  # as mlrc.search.artifacts.DEFAULT_ARTIFACTS
 
 StorageOpt = Annotated[
     str, typer.Option("--storage", envvar="MLRC_STORAGE", help="SQLAlchemy URL of the store")
 ]
 ArtifactsOpt = Annotated[Path, typer.Option("--artifacts", help="checkpoint directory")]
+# a command that reads a study's artifacts: the folder the store recorded unless given
+FoundArtifactsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--artifacts",
+        help="the folder that holds the study's artifacts (default: where the store recorded "
+        "them when the study ran; else mlrc-artifacts)",
+    ),
+]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress bars")]
 SkipChecksOpt = Annotated[

@@ -12,7 +12,8 @@ import typer
 from rich.table import Table
 
 from mlrc.cli.options import DEFAULT_STORAGE, StorageOpt
-from mlrc.cli.terminal import console, fail, user_errors
+from mlrc.cli.terminal import console, fail, print_table, user_errors
+from mlrc.errors import counted
 
 __all__ = ["replay"]
 
@@ -104,14 +105,14 @@ def _table(results: list, label: str) -> None:
             "yes" if r.same_choice else "NO",
             f"{100 * r.regret:.2f} pts",
         )
-    console.print(table)
+    print_table(table)
     if results:
         n = len(results)
         same = sum(r.same_choice for r in results)
         frac = sum(r.fold_epochs for r in results) / sum(r.full_fold_epochs for r in results)
         mean_regret = 100 * sum(r.regret for r in results) / n
         console.print(
-            f"{n} studies: fold-epochs {frac:.2f} × unpruned; same choice in {same} of {n}; "
+            f"{counted(n, 'study')}: fold-epochs {frac:.2f} × unpruned; same choice in {same} of {n}; "
             f"mean regret {mean_regret:.2f} MAP@R points",
             highlight=False,
         )

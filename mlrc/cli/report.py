@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mlrc.cli.options import (
-    DEFAULT_ARTIFACTS,
     DEFAULT_STORAGE,
-    ArtifactsOpt,
     DeviceOpt,
+    FoundArtifactsOpt,
     StorageOpt,
 )
 from mlrc.cli.terminal import check_device, check_out, fail, print_report, user_errors
@@ -57,7 +56,7 @@ def report(
     ] = False,
     archived: ArchivedOpt = False,
     metrics: ReportMetricsOpt = None,
-    artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
+    artifacts: FoundArtifactsOpt = None,
     device: DeviceOpt = "cpu",
 ) -> None:
     """Test results with 95% CIs: separated (mean of the fold models) and concatenated, in %.
@@ -71,9 +70,10 @@ def report(
     `study run --force-new` (NAME.old-K) is marked archived, and left out once the current
     study NAME has test results unless --archived (or --study names it).
 
-    --metrics: columns computed after the fact from the stored test embeddings under
-    --artifacts (marked *), without training: what `mlrc study rescore` has not stored yet is
-    computed first and stored as it stores it. A study without embeddings (tested before they
+    --metrics: columns computed after the fact from the stored test embeddings (marked *),
+    found where the store recorded the artifacts of each study, or under --artifacts, without
+    training: what `mlrc study rescore` has not stored yet is computed first and stored as it
+    stores it. A study without embeddings (tested before they
     were kept), or whose file is missing or changed (refused), says so in one line."""
     from mlrc import store
     from mlrc.report.tables import FORMATS
@@ -88,9 +88,12 @@ def report(
     check_device(device)
     with user_errors():
         engine = store.connect(storage, read_only=True)
-        if asked:  # (every asked metric may have been one the test stage stored)
+        unreadable = (
             _rescore_first(engine, study, campaign, archived, asked, artifacts, device)
-        print_report(engine, study, fmt, out, campaign, standalone, archived, asked)
+            if asked
+            else {}
+        )
+        print_report(engine, study, fmt, out, campaign, standalone, archived, asked, unreadable)
 
 
 def _rescore_first(
@@ -99,22 +102,24 @@ def _rescore_first(
     campaign: list[str] | None,
     archived: bool,
     asked: dict[str, str],
-    artifacts: Path,
+    artifacts: Path | None,
     device: str,
-) -> None:
+) -> dict[str, str]:
     """The asked metrics the store lacks, computed from the stored embeddings and stored (one
-    line on stderr per study re-scored, and per study that could not be)."""
+    line on stderr per study re-scored, and per study that could not be); returns why each
+    study that could not be was not, by name."""
     from mlrc.protocol.scoring import parse_metrics
     from mlrc.report.values import select_studies
     from mlrc.search.rescore import rescore_missing
 
     names = select_studies(engine, study, campaign, archived)
     chosen = parse_metrics(",".join(asked.values()))
-    done, problems = rescore_missing(engine, names, Path(artifacts), chosen, device)
+    done, problems = rescore_missing(engine, names, artifacts, chosen, device)
     for name in done:
         typer.echo(f"computed from stored embeddings: {', '.join(asked)} of {name}", err=True)
-    for line in problems:
+    for line in problems.values():
         typer.echo(f"warning: {line}", err=True)
+    return problems
 
 
 def metric_keys(text: str) -> dict[str, str]:

@@ -17,6 +17,7 @@ from mlrc.cli.options import (
     CpusPerTrialOpt,
     DeviceOpt,
     DevicesOpt,
+    FoundArtifactsOpt,
     GpusPerTrialOpt,
     KeepOpt,
     MaxConcurrentOpt,
@@ -289,7 +290,7 @@ def study_export_model(
         typer.Option("--out", help="file to write (.pt, .pt2 or .onnx; its folder is created)"),
     ],
     storage: StorageOpt = DEFAULT_STORAGE,
-    artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
+    artifacts: FoundArtifactsOpt = None,
     dim: Annotated[
         str,
         typer.Option(
@@ -313,8 +314,9 @@ def study_export_model(
     force: ForceOpt = False,
 ) -> None:
     """Write the best test reproduction's model (L2-normalised embeddings: the concatenation of
-    its K fold models, K × D dimensions, or one trained fold model, D) for use outside mlrc;
-    needs the checkpoints kept (artifacts.keep: best)."""
+    its K fold models, K × D dimensions, or one trained fold model, D) for use outside mlrc.
+    Every retention keeps that reproduction's fold models (artifacts.keep: best keeps every
+    reproduction's)."""
     from mlrc import store
     from mlrc.config import load_study
     from mlrc.search.export import export_study_model
@@ -406,7 +408,7 @@ def study_rescore(
     study: Annotated[str, typer.Argument(help="study YAML or study name")],
     metrics: MetricsOpt,
     storage: StorageOpt = DEFAULT_STORAGE,
-    artifacts: ArtifactsOpt = DEFAULT_ARTIFACTS,
+    artifacts: FoundArtifactsOpt = None,
     device: DeviceOpt = "cpu",
 ) -> None:
     """Compute metrics from the stored test embeddings of every tested reproduction, without
@@ -425,7 +427,7 @@ def study_rescore(
     with user_errors():
         name = load_study(study).study.name if study.endswith((".yaml", ".yml")) else study
         engine = store.connect(storage, read_only=True)  # an existing store (never created)
-        done = rescore_study(engine, name, Path(artifacts), chosen, device)
+        done = rescore_study(engine, name, artifacts, chosen, device)
     head = f"study {name} ({done.protocol}), computed after the fact from stored embeddings:"
     console.print(head, soft_wrap=True, highlight=False)
     for line in summary_lines(done):

@@ -24,6 +24,17 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True, emoji=False)  # one line, as written
 
 
+def print_table(table: Table) -> None:
+    """Print ``table`` whole: piped (no terminal, no ``COLUMNS``) at its natural width, not cut
+    to rich's 80 columns (``contra… (omnig…``); on a terminal at the terminal's width."""
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        console.print(table)
+        return
+    wide = console.options.update(max_width=100_000)
+    width = max(console.width, console.measure(table, options=wide).maximum)
+    Console(file=console.file, width=width).print(table)  # console.print caps at its width
+
+
 def fail(message: str) -> None:
     """One line on stderr, ``error: …`` (the message is printed as written, never as markup)."""
     err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
@@ -168,7 +179,7 @@ def print_status_by_name(engine, name: str) -> None:
         fail(f"no study {name!r} in {store.redact(str(engine.url))}")
     st, trials, folds, tests = status
     label = objective_label(st.config)
-    console.print(
+    print_table(
         _trials_table(f"study {name} ({st.dataset}, {st.loss}, preset {st.preset})", trials, label)
     )
     _print_reasons(trials)
@@ -210,7 +221,7 @@ def _print_reasons(trials: list) -> None:
             value = f"{t.value:.4f}" if t.value is not None else "-"
             line = f"trial {t.number} complete  {value}  ({reason(t)})"
         elif t.reason:
-            line = f"trial {t.number} {t.state}: {t.reason}"
+            line = f"trial {t.number} {state_and_reason(t.state, t.reason)}"
         else:
             continue
         console.print(line, soft_wrap=True, highlight=False, markup=False, emoji=False)
@@ -220,8 +231,7 @@ def _print_failed_test_folds(folds_run: list) -> None:
     """The test stage's failed or interrupted folds, with their reasons."""
     for f in folds_run:
         if f.kind == "test" and f.status in ("failed", "interrupted"):
-            why = f": {f.reason}" if f.reason and f.reason != f.status else ""
-            line = f"reproduction {f.reproduction}, fold {f.fold} {f.status}{why}"
+            line = f"reproduction {f.reproduction}, fold {f.fold} {state_and_reason(f.status, f.reason)}"
             console.print(line, soft_wrap=True, highlight=False, markup=False, emoji=False)
 
 
@@ -313,6 +323,17 @@ def print_warm_start(config, rows) -> None:
         )
 
 
+def state_and_reason(state: str, reason: str | None) -> str:
+    """``failed: out of memory``, but ``pruned after 1 of 2 folds: …`` and ``interrupted: rank 1
+    of 2 ended by SIGKILL`` where the reason starts with the state's word (not ``pruned: pruned
+    after …``), and ``interrupted`` alone where the reason is the state."""
+    if not reason or reason == state:
+        return state
+    if reason.split(":")[0].split()[0] == state:
+        return reason
+    return f"{state}: {reason}"
+
+
 def reason(t) -> str:
     """A trial's reason; a complete trial with one was given its value for it ("scored 0: …")."""
     if t.reason and t.state == "complete" and t.value is not None:
@@ -329,14 +350,18 @@ def print_report(
     standalone: bool = False,
     archived: bool = False,
     metrics: dict[str, str] | None = None,
+    unreadable: dict[str, str] | None = None,
 ) -> None:
     """The report of ``studies`` and ``campaigns`` (``archived``: with archived studies) on
     stdout, or written to ``out`` (its folder created); ``metrics``: also these, as ``mlrc
-    study rescore`` stored them (column key → how ``--metrics`` asks for it)."""
+    study rescore`` stored them (column key → how ``--metrics`` asks for it); ``unreadable``:
+    why a study's stored embeddings could not be re-scored, by name."""
     from mlrc.report.tables import ReportError, collect, render, summarize
 
     try:
-        values = collect(engine, studies, campaigns, archived=archived, metrics=metrics)
+        values = collect(
+            engine, studies, campaigns, archived=archived, metrics=metrics, unreadable=unreadable
+        )
         text = render(summarize(values), fmt, standalone=standalone)
     except ReportError as e:
         fail(str(e))

@@ -443,8 +443,9 @@ KEEP_POLICIES = ("resume", "best", "all")
 
 class ArtifactsSpec(Strict):
     """``artifacts:`` of a study: which fold checkpoints stay on disk once their results are
-    stored. ``resume`` (default): none — a fold holds ``last.pt`` while it runs; ``best``: the
-    ``best.pt`` of the test reproductions and of the best trial's folds; ``all``: every
+    stored. ``resume`` (default): the ``best.pt`` of one reproduction's folds (the one ``mlrc
+    study export-model`` exports) — a fold holds ``last.pt`` while it runs; ``best``: the
+    ``best.pt`` of every test reproduction and of the best trial's folds; ``all``: every
     ``best.pt`` and ``last.pt``. Not part of the study's identity (the numbers do not depend
     on it). ``embeddings``: the dtype of each test reproduction's stored test embeddings
     (``<study>/p-<key>/embeddings/test-rep<N>.npz``, read by ``mlrc study rescore``): ``float16``

@@ -327,7 +327,8 @@ def build_split(
 def _role_split(ds: ImageDataset, n_folds: int, scheme: str, where: str) -> Split:
     """The split of a query/gallery dataset without ``split:``: the classes of its query and
     gallery images test; the other classes are cut into folds by ``scheme`` (validation stays
-    all against all among them)."""
+    all against all among them). An error names where the roles come from, and ``where``'s
+    study file (``FILE: dataset``) — not a ``split`` or ``--split`` nobody gave."""
     try:
         test = role_test_classes(ds)
         assert test is not None
@@ -340,7 +341,10 @@ def _role_split(ds: ImageDataset, n_folds: int, scheme: str, where: str) -> Spli
             origin=f"the query/gallery images of {ds.name}",
         )
     except ValueError as e:  # SplitError included
-        raise ConfigError(f"{where}: {e}") from None
+        roles = f" (query/gallery roles from {getattr(ds, 'roles_source', None) or ds.name})"
+        source = where.removesuffix(": split")
+        prefix = "" if source == where else f"{source}: dataset: "  # the command line: no prefix
+        raise ConfigError(f"{prefix}{e}{roles}") from None
 
 
 def _check_role_test(ds: ImageDataset, test: list[int], where: str) -> None:

@@ -16,6 +16,7 @@ from mlrc.data.base import (
     available,
     build,
     check_dataset,
+    ignored_warning,
     info,
     register,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "available",
     "build",
     "check_dataset",
+    "ignored_warning",
     "info",
     "register",
 ]

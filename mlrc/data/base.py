@@ -98,6 +98,11 @@ class ImageDataset(torch.utils.data.Dataset):
         if present[0] != 0 or present[-1] != C - 1 or len(present) != C:
             raise DatasetError(f"{name}: labels must cover 0..{C - 1} exactly")
         self.roles = None if roles is None else _checked_roles(self, roles, roles_source or name)
+        # the file or folder that gave the roles (None without roles), for messages
+        self.roles_source = None if roles is None else (roles_source or name)
+        # entries of the dataset's folder that are not read as images (a nested folder, a stray
+        # file), named in a warning by :func:`check_dataset`; a loader sets them
+        self.ignored: list[str] = []
         self.super_labels = None if super_labels is None else _checked_super(self, super_labels)
 
     @property
@@ -314,12 +319,31 @@ def check_dataset(ds: ImageDataset, train_classes: Sequence[int] | None = None) 
 
     * a training class with a single image (it gives no positive pair; fine in test classes);
       ``train_classes`` are labels (0..C−1), ``None`` means every class;
-    * the same image listed twice (same file, or files with identical bytes), naming both.
+    * the same image listed twice (same file, or files with identical bytes), naming both;
+    * what the dataset's folder holds but its loader does not read (:attr:`ImageDataset.ignored`:
+      a nested folder, a stray file), in one line.
 
     Only files of equal size are read (and hashed), so the check is cheap on real datasets.
     Each kind of warning is capped at ``MAX_WARNINGS_PER_CHECK`` lines plus a count line.
     """
-    return _single_image_classes(ds, train_classes) + _duplicate_images(ds)
+    return ignored_warning(ds) + _single_image_classes(ds, train_classes) + _duplicate_images(ds)
+
+
+def ignored_warning(ds: ImageDataset) -> list[str]:
+    """One line naming what the dataset's folder holds but the loader does not read (nested
+    folders, stray files): they are not images of the study."""
+    ignored = getattr(ds, "ignored", [])
+    if not ignored:
+        return []
+    shown = ", ".join(ignored[:MAX_WARNINGS_PER_CHECK])
+    more = (
+        f" and {len(ignored) - MAX_WARNINGS_PER_CHECK} more"
+        if len(ignored) > MAX_WARNINGS_PER_CHECK
+        else ""
+    )
+    return [
+        f"{ds.name}: not read (only <class>/<image> files are images of the dataset): {shown}{more}"
+    ]
 
 
 def _capped(lines: list[str], name: str, what: str) -> list[str]:

@@ -411,7 +411,7 @@ def _write_images(
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         images = ordered_map(make, range(n), threads)
-        bar = tqdm(images, total=n, desc=desc, unit="img", disable=not progress)
+        bar = tqdm(images, total=n, desc=desc, unit="img", disable=None if progress else True)
         for i, a in enumerate(bar):
             f.write(np.ascontiguousarray(a, dtype=np.uint8).data)
             index[i] = offset, a.shape[0], a.shape[1]

@@ -71,6 +71,23 @@ def _class_images(folder: Path) -> list[str]:
     return [str(p) for p in images]
 
 
+def _ignored(base: Path, folders: list[Path]) -> list[str]:
+    """What an image folder does not read, relative to ``base``: files beside the class
+    folders (but ``roles.csv``), and sub-folders (``name/``) and non-image files inside them;
+    hidden entries are not listed."""
+    out = [
+        p.name
+        for p in sorted(base.iterdir())
+        if p.is_file() and p.name != ROLES_FILE and not is_hidden([p.name])
+    ]
+    for folder in folders:
+        for p in sorted(folder.iterdir()):
+            if is_hidden([p.name]) or (p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS):
+                continue
+            out.append(p.relative_to(base).as_posix() + ("/" if p.is_dir() else ""))
+    return out
+
+
 def _from_class_folders(name: str, folders: list[Path]) -> ImageDataset:
     """One class per folder, in the given order; images sorted by name within each folder."""
     sources, labels = [], []
@@ -99,11 +116,18 @@ def image_folder(root: str | Path | None = None) -> ImageDataset:
             f"{listed}: give roles by query/ and gallery/ folders or by {ROLES_FILE}, not both"
         )
     if trees:
-        return _with_role_trees([f for f in folders if f not in trees.values()], trees)
+        plain = [f for f in folders if f not in trees.values()]
+        ds = _with_role_trees(plain, trees)
+        inner = [c for t in trees.values() for c in _class_folders(t)]
+        ds.ignored = _ignored(base, plain + inner)
+        return ds
     if not folders:
         raise DatasetError(f"{base}: no class folders (expected root/<class>/<image>)")
     ds = _from_class_folders("image_folder", folders)
-    return _with_roles_file(ds, base, require_file(listed, ROLES_FILE)) if listed.exists() else ds
+    if listed.exists():
+        ds = _with_roles_file(ds, base, require_file(listed, ROLES_FILE))
+    ds.ignored = _ignored(base, folders)
+    return ds
 
 
 # An image folder's list of roles: CSV with the header ``path,role``; ``path`` relative to the

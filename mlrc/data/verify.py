@@ -75,7 +75,7 @@ def decode_failures(
             total=len(indices),
             desc=desc or f"checking {ds.name}",
             unit="img",
-            disable=not progress,
+            disable=None if progress else True,  # None: off when stderr is not a terminal
         )
         for i, message in bar:
             if message is not None:

@@ -18,7 +18,7 @@ def pixel_features(ds: ImageDataset, indices: Sequence[int], side: int = 32) -> 
     the image's own mean).
     """
     out = np.empty((len(indices), side * side), dtype=np.float32)
-    for row, i in enumerate(tqdm(indices, desc="pixels", unit="img", leave=False)):
+    for row, i in enumerate(tqdm(indices, desc="pixels", unit="img", leave=False, disable=None)):
         im = ds.load_image(int(i)).convert("L").resize((side, side), Image.Resampling.BILINEAR)
         v = np.asarray(im, dtype=np.float32).reshape(-1) / 255.0
         out[row] = v - v.mean()

@@ -4,6 +4,8 @@ notes a table needs; the renderers print them after the table."""
 
 from __future__ import annotations
 
+from mlrc.errors import counted
+
 __all__ = [
     "ARCHIVED",
     "ARCHIVED_NOTE",
@@ -111,7 +113,7 @@ def risk_text(risk: dict | None) -> str:
         )
     n, length = risk["studies"], risk.get("trials")
     text = (
-        f"on the corpus ({n} studies{f', first {length} trials' if length else ''}): "
+        f"on the corpus ({counted(n, 'study')}{f', first {length} trials' if length else ''}): "
         f"{risk['fold_epochs_fraction']:.2f}× the fold-epochs, "
         f"the full protocol's choice pruned in {risk['choice_pruned']} of {n}, mean regret "
         f"{100 * risk['mean_regret']:.2f} MAP@R points"

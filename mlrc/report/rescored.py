@@ -41,13 +41,15 @@ def add_rescored(
     results: list[tuple[StudyRecord, TestResultRecord]],
     rows: list[dict[str, Any]],
     metrics: dict[str, str],
+    unreadable: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """``rows`` (the study lines :func:`mlrc.report.values.collect` built, before sorting) with
     a line per stored re-scored value of ``metrics`` (column key → how ``--metrics`` asks for
     it: ``{"ndcg_at_10": "ndcg_at_k@10"}``) (fold −1, in %; a traditional study: its
     one model's, concatenated), each a copy of its study's reproduction × mode line, marked
     ``after_the_fact`` (a metric the test stage scored itself is shown as it scored it); the
-    studies without them get their ``rescore_note``."""
+    studies without them get their ``rescore_note`` (``unreadable``: by study name, why its
+    files could not be re-scored)."""
     studies = {st.id: st for st, _ in results}
     values = stored.rescored_values(engine, list(studies), list(metrics))
     got = {(s, rep, mode, m): v for s, rep, mode, fold, m, v in values if fold == -1}
@@ -62,7 +64,7 @@ def add_rescored(
                 continue
             line = {**base, "metric": m, "value": 100.0 * value, "after_the_fact": True}
             out.append({**line, "_metric": len(METRIC_COLUMNS) + 10 + i})
-    notes = _notes(engine, studies, results, got, metrics)
+    notes = _notes(engine, studies, results, got, metrics, unreadable or {})
     for r in out:
         r["rescore_note"] = notes.get(r["study"], "")
     return out
@@ -74,9 +76,11 @@ def _notes(
     results: list[tuple[StudyRecord, TestResultRecord]],
     got: dict[tuple, float],
     metrics: dict[str, str],
+    unreadable: dict[str, str],
 ) -> dict[str, str]:
     """Per study name lacking some of ``metrics`` for some tested reproduction, why, in one
-    phrase: no embeddings stored (what to test again), or not re-scored (what to run)."""
+    phrase: no embeddings stored (what to test again), its files unreadable (``unreadable``:
+    missing or changed, and what works), or not re-scored (what to run)."""
     files = stored.files_of_studies(engine, [st.name for st in studies.values()])
     out = {}
     for sid, st in studies.items():
@@ -87,7 +91,10 @@ def _notes(
             continue
         have = {m: {rep for (s, rep, _, mm) in got if s == sid and mm == m} for m in metrics}
         parts = []
-        if missing := [m for m in metrics if not set(with_file) <= have[m]]:
+        missing = [m for m in metrics if not set(with_file) <= have[m]]
+        if missing and st.name in unreadable:
+            parts.append(f"{', '.join(missing)} not computed: {unreadable[st.name]}")
+        elif missing:
             asks = ",".join(metrics[m] for m in missing)
             parts.append(
                 f"{', '.join(missing)} not computed yet: run `mlrc study rescore {st.name} "

@@ -431,6 +431,7 @@ def collect(
     *,
     archived: bool = False,
     metrics: dict[str, str] | None = None,
+    unreadable: dict[str, str] | None = None,
 ) -> pd.DataFrame:
     """One row per (study, reproduction, mode, metric) with the value in percent, in table
     order (see :func:`select_studies`), with the study's protocol (:func:`comparison_key`) and
@@ -440,7 +441,9 @@ def collect(
     (``test_set_selection`` True) has one mode, ``concatenated``, with the lines of
     :func:`traditional_metrics` (``best_epoch`` in epochs, the others in %). ``archived``:
     keep the archived studies :func:`select_studies` leaves out by default. ``metrics``: also
-    these, as ``mlrc study rescore`` stored them (:func:`mlrc.report.rescored.add_rescored`)."""
+    these, as ``mlrc study rescore`` stored them (:func:`mlrc.report.rescored.add_rescored`);
+    ``unreadable``: by study name, why its stored embeddings could not be re-scored (the
+    caller's attempt), said in its note instead of a command that would fail the same way."""
     names = select_studies(engine, studies, campaigns, archived)
     rank = {n: i for i, n in enumerate(names)}
     data = reads.table_inputs(engine, names)
@@ -455,7 +458,7 @@ def collect(
     for study_id, m in meta.items():  # failed trials and test folds, with their reasons
         m.update(failure_columns(data.failures.get(study_id, [])))
     rows = _study_rows(data.results, group_of, rank, meta)
-    rows = add_rescored(engine, data.results, rows, metrics) if metrics else rows
+    rows = add_rescored(engine, data.results, rows, metrics, unreadable) if metrics else rows
     for g in groups:
         rows += _baseline_rows(g, data.baseline_links, data.baselines)
     return _values_frame(rows)

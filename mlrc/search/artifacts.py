@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
 __all__ = [
+    "ARTIFACTS_SETTING",
+    "COLLECTED_SETTING",
+    "DEFAULT_ARTIFACTS",
     "Freed",
     "archive_study",
     "artifact_root",
@@ -34,8 +37,37 @@ __all__ = [
     "fold_folder",
     "remove_files",
     "remove_tree",
+    "moved_hint",
     "study_folder",
+    "where_artifacts",
 ]
+
+DEFAULT_ARTIFACTS = Path("mlrc-artifacts")  # the --artifacts folder when none is given
+# the study setting that records where its artifacts are (the absolute --artifacts folder of
+# its last run or test), so that report, rescore and export-model find them without being told
+ARTIFACTS_SETTING = "artifacts.dir"
+# the study setting that records what `mlrc gc` collected of it ({"keep": its policy}), so that
+# a missing checkpoint's message names gc and not the study's own retention
+COLLECTED_SETTING = "artifacts.collected"
+
+
+def where_artifacts(settings: dict[str, Any] | None, given: Path | None) -> tuple[Path, str]:
+    """The ``--artifacts`` folder of a study with ``settings``, and how it was found, for
+    messages: ``given`` (the command line's) first, else the folder the store recorded, else
+    :data:`DEFAULT_ARTIFACTS`."""
+    if given is not None:
+        return Path(given), f"--artifacts {given}"
+    recorded = (settings or {}).get(ARTIFACTS_SETTING)
+    if recorded:
+        return Path(recorded), f"the store records its artifacts under {recorded}"
+    return DEFAULT_ARTIFACTS, f"the default --artifacts {DEFAULT_ARTIFACTS}"
+
+
+def moved_hint(how: str, given: Path | None) -> str:
+    """What to do when a study's file is not where ``how`` (:func:`where_artifacts`) says."""
+    if given is not None:
+        return f"{how}: give --artifacts the folder that holds the study's folder"
+    return f"{how}; if the folder moved, point at it with --artifacts NEW_FOLDER"
 
 
 def study_folder(artifacts: Path, name: str) -> Path:

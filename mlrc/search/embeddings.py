@@ -137,17 +137,23 @@ def file_fields(
     return {"params_hash": params_hash, "path": str(path.relative_to(folder)), **fields}
 
 
-def load_checked(path: Path, sha256: str, what: str) -> dict[str, np.ndarray]:
+def load_checked(
+    path: Path, sha256: str, what: str, where: str = "", retest: str = ""
+) -> dict[str, np.ndarray]:
     """The arrays of the ``.npz`` at ``path`` once its sha256 equals the stored ``sha256``;
     a missing file or another hash is a one-line :class:`StudyError` naming ``what`` (the
-    file is never used)."""
+    file is never used), ``where`` (how the folder was found, and how to point at another)
+    and ``retest`` (the command that stores new files) — what works, not a rescore that
+    would refuse the same file."""
     if not path.is_file():
-        raise StudyError(f"{what}: stored embeddings {path} are missing (moved or deleted)")
+        how = f" ({where})" if where else ""
+        raise StudyError(f"{what}: stored embeddings {path} are missing (moved or deleted){how}")
     got = sha256_of(path)
     if got != sha256:
+        works = f"; restore it from a copy, or {retest}" if retest else "; restore it from a copy"
         raise StudyError(
             f"{what}: {path} has sha256 {got[:16]}…, the store recorded {sha256[:16]}…: the "
-            "file was changed or damaged; refused"
+            f"file was changed or damaged; refused{works}"
         )
     with np.load(path, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}

@@ -9,15 +9,23 @@ from typing import TYPE_CHECKING, Any
 
 from mlrc.config import Preset
 from mlrc.config.identity import code_version, params_hash
-from mlrc.search.artifacts import artifact_root, fold_folder, study_folder
+from mlrc.search.artifacts import (
+    COLLECTED_SETTING,
+    artifact_root,
+    fold_folder,
+    moved_hint,
+    study_folder,
+    where_artifacts,
+)
 from mlrc.search.errors import StudyError
+from mlrc.search.retention import exported_reproduction
 from mlrc.store import results, studies, trials
 from mlrc.train import OnnxExportError, export_model
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from mlrc.store import TestResultRecord
+    from mlrc.store import StudyRecord, TestResultRecord
 
 __all__ = ["export_study_file", "export_study_model", "model_mode"]
 
@@ -25,7 +33,7 @@ __all__ = ["export_study_file", "export_study_model", "model_mode"]
 def export_study_model(
     engine: Engine,
     name: str,
-    artifacts: Path,
+    artifacts: Path | None,
     out: Path,
     dim: str = "concatenated",
     reproduction: int | None = None,
@@ -38,8 +46,9 @@ def export_study_model(
     K and D are the study's folds and embedding size. A fold that kept epoch 0 (the untrained
     model) is never the one fold exported; a concatenation that holds one is exported with
     ``untrained_folds`` in the metadata. Returns what was written (metadata). A study without
-    test results, a ``dim`` that is not one of its sizes, whose checkpoints were not kept, or
-    a model ONNX cannot express (``fmt`` "onnx"), is a StudyError."""
+    test results, a ``dim`` that is not one of its sizes, whose checkpoints are not on disk
+    under ``artifacts`` (None: where the store recorded the study's; the message names the
+    real cause), or a model ONNX cannot express (``fmt`` "onnx"), is a StudyError."""
     row = studies.study_named(engine, name)
     if row is None:
         raise StudyError(f"no study {name!r} in the store")
@@ -53,15 +62,16 @@ def export_study_model(
     reproduction = chosen.reproduction
     per_fold = _fold_values(rows, reproduction)
     test_map = per_fold[folds[0]] if mode == "separated" else chosen.map_at_r
-    root = artifact_root(study_folder(artifacts, name), row.config)
+    where, how = where_artifacts(row.settings, artifacts)
+    root = artifact_root(study_folder(where, name), row.config)
     h = params_hash(chosen.params)
     paths = [fold_folder(root, "test", h, reproduction, f) / "best.pt" for f in folds]
     missing = [p for p in paths if not p.is_file()]
     if missing:
+        why = _why_missing(engine, row, h, reproduction, moved_hint(how, artifacts))
         raise StudyError(
             f"study {name!r}: the models of reproduction {reproduction} are not on disk "
-            f"({missing[0]}); the study ran with artifacts.keep: resume — run the test stage "
-            "again with more reproductions and --keep best to keep them"
+            f"({missing[0]}): {why}"
         )
     meta = {
         "study": name,
@@ -133,6 +143,49 @@ def _chosen_models(
         f"study {name!r}: every fold model of {which} kept epoch 0, the untrained model "
         "(validation never improved on it): no trained fold to export; train longer "
         "(preset.max_epochs) or export the concatenation (--dim concatenated)"
+    )
+
+
+def _why_missing(engine: Engine, row: StudyRecord, h: str, reproduction: int, moved: str) -> str:
+    """Why the fold models of ``reproduction`` (params hash ``h``) are gone, and what works: a
+    row that still names its checkpoint was moved or deleted outside mlrc (``moved``: where it
+    looked, how to point elsewhere); a row that forgot it was collected by ``mlrc gc`` or by
+    the study's retention, which keeps one reproduction's (:func:`exported_reproduction`)."""
+    folds = [
+        f
+        for f in trials.fold_runs(engine, row.id)
+        if f.kind == "test" and f.params_hash == h and f.reproduction == reproduction
+    ]
+    if any(f.checkpoint for f in folds):
+        return f"moved or deleted outside mlrc ({moved})"
+    settings = row.settings or {}
+    kept = exported_reproduction(engine, row.id)
+    have = (
+        f"; reproduction {kept[0]}'s are kept: --reproduction {kept[0]}"
+        if kept is not None and kept[0] != reproduction and _on_disk(engine, row, kept)
+        else ""
+    )
+    gc = settings.get(COLLECTED_SETTING)
+    if gc:
+        return (
+            f"collected by `mlrc gc` (--keep {gc['keep']}) after the test stage, though the "
+            f"study keeps {settings.get('artifacts.keep', 'resume')}{have}; run `mlrc study "
+            f"test {row.name} --reproductions N` with a larger N to train new ones"
+        )
+    return (
+        f"the study's retention (artifacts.keep: {settings.get('artifacts.keep', 'resume')}) "
+        f"keeps the fold models of one reproduction only{have}; --keep best keeps every "
+        "reproduction's"
+    )
+
+
+def _on_disk(engine: Engine, row: StudyRecord, kept: tuple[int, str]) -> bool:
+    """Whether the kept reproduction's fold rows still name their checkpoints."""
+    rep, h = kept
+    return any(
+        f.checkpoint
+        for f in trials.fold_runs(engine, row.id)
+        if f.kind == "test" and f.params_hash == h and f.reproduction == rep
     )
 
 

@@ -1,7 +1,7 @@
 """Checkpoint disk of a study once it is done, under its retention (``artifacts.keep``,
 :mod:`mlrc.search.retention`): ``all`` keeps every fold's ``best.pt`` and ``last.pt``; ``best``
-keeps the ``best.pt`` of every test fold and of the best trial's folds; ``resume`` keeps
-nothing. While a fold runs it holds one ``last.pt`` and one ``best.pt`` whatever the policy.
+keeps the ``best.pt`` of every test fold and of the best trial's folds; ``resume`` keeps the
+``best.pt`` of one reproduction's folds (what ``mlrc study export-model`` exports). While a fold runs it holds one ``last.pt`` and one ``best.pt`` whatever the policy.
 
 ``best.pt`` is the trunk + embedder state dict (its tensors' bytes, counted on a model built on
 torch's ``meta`` device: nothing is allocated or downloaded); ``last.pt`` ≈ 3 × ``best.pt`` (the
@@ -75,6 +75,6 @@ def disk_bytes(resolved: ResolvedStudy, best: int | None) -> int | None:
         kept = (resolved.trials + resolved.reproductions) * folds * best * (1 + LAST_OVER_BEST)
     elif resolved.keep == "best":
         kept = (resolved.reproductions + 1) * folds * best
-    else:
-        kept = 0
+    else:  # resume: one reproduction's fold models, for export-model
+        kept = folds * best
     return kept + embedding_bytes(resolved)

@@ -25,7 +25,7 @@ import numpy as np
 from mlrc.config.identity import code_version
 from mlrc.protocol import concatenate_embeddings
 from mlrc.protocol.stats import separated_mean
-from mlrc.search.artifacts import study_folder
+from mlrc.search.artifacts import moved_hint, study_folder, where_artifacts
 from mlrc.search.embeddings import load_checked
 from mlrc.search.errors import StudyError
 from mlrc.store import embeddings as stored
@@ -110,14 +110,15 @@ def score_arrays(
 def rescore_study(
     engine: Engine,
     name: str,
-    artifacts: Path,
+    artifacts: Path | None,
     metrics: list[Metric],
     device: str | None = None,
     write: bool = True,
 ) -> Rescored:
     """Score ``metrics`` on every stored reproduction of study ``name`` (files under
-    ``artifacts``), hash checked, and record them (``write``). A study with no stored
-    embeddings, or unknown or untested, is a one-line :class:`StudyError`."""
+    ``artifacts``; None: where the store recorded them, :func:`where_artifacts`), hash checked,
+    and record them (``write``). A study with no stored embeddings, or unknown or untested, or
+    a missing or changed file, is a one-line :class:`StudyError` saying what works."""
     st = studies.study_named(engine, name)
     if st is None:
         raise StudyError(f"no study {name!r} in the store")
@@ -128,9 +129,21 @@ def rescore_study(
     out = Rescored(name, stored.ALL_VS_ALL, without_file=[r for r in tested if r not in files])
     if not files:
         raise StudyError(f"study {name!r}: {stored.retest_hint(tested, [])}")
-    folder = study_folder(Path(artifacts), name)
+    root, how = where_artifacts(st.settings, artifacts)
+    folder = study_folder(root, name)
+    more = max(tested) + 1
+    retest = (
+        f"test a new reproduction (`mlrc study test {name} --reproductions {more}`), which "
+        "stores its own file"
+    )
     checked = {
-        rep: load_checked(folder / f.path, f.sha256, f"study {name!r}, reproduction {rep}")
+        rep: load_checked(
+            folder / f.path,
+            f.sha256,
+            f"study {name!r}, reproduction {rep}",
+            moved_hint(how, artifacts),
+            retest,
+        )
         for rep, f in sorted(files.items())
     }  # every file checked before anything is scored or written
     for rep, arrays in checked.items():
@@ -160,16 +173,17 @@ def missing_metrics(engine: Engine, name: str, metrics: list[Metric]) -> list[Me
 def rescore_missing(
     engine: Engine,
     names: list[str],
-    artifacts: Path,
+    artifacts: Path | None,
     metrics: list[Metric],
     device: str | None = None,
-) -> tuple[list[str], list[str]]:
+) -> tuple[list[str], dict[str, str]]:
     """What ``mlrc report --metrics`` computes before it reads: for each study of ``names``
     with stored embeddings, the ``metrics`` it lacks, scored and recorded as
-    :func:`rescore_study` does. Returns (the studies re-scored, one line per study that could
-    not be: a missing or changed file, a metric needing labels it lacks) — such a study's
-    values are not shown, and the report's notes say what is missing."""
-    done, problems = [], []
+    :func:`rescore_study` does. Returns (the studies re-scored, by study name the one line of
+    each that could not be: a missing or changed file, a metric needing labels it lacks) —
+    such a study's values are not shown, and the report's notes say why."""
+    done: list[str] = []
+    problems: dict[str, str] = {}
     for name in names:
         missing = missing_metrics(engine, name, metrics)
         if not missing:
@@ -177,7 +191,7 @@ def rescore_missing(
         try:
             rescore_study(engine, name, artifacts, missing, device)
         except StudyError as e:
-            problems.append(str(e))
+            problems[name] = str(e)
             continue
         done.append(name)
     return done, problems

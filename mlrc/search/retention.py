@@ -1,8 +1,10 @@
 """Checkpoint retention (``artifacts.keep``): which files of a fold's folder stay once the
 fold's result is stored. The test stage retrains from scratch and the search never reads a
 finished fold's checkpoint again, so by default (``resume``) a fold holds ``last.pt`` only while
-it runs; ``best`` keeps the ``best.pt`` of the test reproductions and of the best trial's folds
-(for ``mlrc study export-model``); ``all`` keeps every file (mlrc before 0.3).
+it runs, and the study keeps the ``best.pt`` of one reproduction's folds: the one
+``mlrc study export-model`` exports by default (the best concatenated test MAP@R); ``best``
+keeps the ``best.pt`` of every test reproduction and of the best trial's folds; ``all`` keeps
+every file (mlrc before 0.3).
 
 A file goes only after the store commit that makes it unnecessary (the fold's result, the
 reproduction's test rows, the trial that is now better), and a fold row forgets its checkpoint
@@ -23,7 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlrc import store
+from mlrc.config.identity import params_hash
 from mlrc.search.artifacts import (
+    COLLECTED_SETTING,
     Freed,
     artifact_root,
     file_size,
@@ -55,19 +59,39 @@ log = logging.getLogger("mlrc")
 EVERYTHING = frozenset({"*"})
 
 
-def kept(keep: str, kind: str, status: str, *, best_trial: bool, tested: bool) -> frozenset[str]:
+def kept(
+    keep: str, kind: str, status: str, *, best_trial: bool, tested: bool, exported: bool = False
+) -> frozenset[str]:
     """The names of the files a fold's folder keeps under policy ``keep`` (:data:`EVERYTHING`:
     all of them). ``best_trial``: the fold belongs to the best trial so far, or to a trial still
     running (another worker's, which may become the best); ``tested``: its reproduction's test
-    rows are stored (a test fold's ``best.pt`` is read until then). A running or interrupted
-    fold keeps everything: it resumes from its ``last.pt``."""
+    rows are stored (a test fold's ``best.pt`` is read until then); ``exported``: its
+    reproduction is the one ``mlrc study export-model`` exports by default (every policy keeps
+    its ``best.pt``). A running or interrupted fold keeps everything: it resumes from its
+    ``last.pt``."""
     if status in ("running", "interrupted") or keep == "all":
         return EVERYTHING
     if kind == "test" and not tested:
         return frozenset({"best.pt"})
-    if keep == "best" and status == "complete" and (kind == "test" or best_trial):
+    if kind == "test" and status == "complete" and (keep == "best" or exported):
+        return frozenset({"best.pt"})
+    if keep == "best" and status == "complete" and best_trial:
         return frozenset({"best.pt"})
     return frozenset()
+
+
+def exported_reproduction(engine: Engine, study_id: int) -> tuple[int, str] | None:
+    """(reproduction, params hash) that ``mlrc study export-model`` exports by default: the
+    highest concatenated test MAP@R, the lowest number on a tie (None: nothing tested)."""
+    rows = [
+        r
+        for r in results.test_results(engine, study_id)
+        if r.mode == "concatenated" and r.fold == -1
+    ]
+    if not rows:
+        return None
+    best = min(rows, key=lambda r: (-r.map_at_r, r.reproduction))
+    return best.reproduction, params_hash(best.params)
 
 
 def release_fold(
@@ -95,6 +119,7 @@ def collect_study(
     # a running trial (another worker's) may become the best: its finished folds wait
     contenders = {best} | trials.running_trial_hashes(engine, study_id)
     tested = results.tested_reproductions(engine, study_id)
+    exported = exported_reproduction(engine, study_id)
     freed: list[Freed] = []
     for row in trials.fold_runs(engine, study_id):
         names = kept(
@@ -103,6 +128,7 @@ def collect_study(
             row.status,
             best_trial=row.params_hash in contenders,
             tested=row.reproduction in tested,
+            exported=row.kind == "test" and (row.reproduction, row.params_hash) == exported,
         )
         key = {
             "study_id": study_id,
@@ -200,8 +226,11 @@ def gc(
             )
             out.append(StudyGc(row.name, "archived", freed))
             continue
-        policy = keep or history.last_values(engine, row.id).get("artifacts.keep") or "resume"
+        own = history.last_values(engine, row.id).get("artifacts.keep") or "resume"
+        policy = keep or own
         freed = collect_study(engine, row.id, root, policy, dry_run)
+        if freed and not dry_run and policy != own:  # a missing model's message names gc
+            studies.record_setting(engine, row.id, COLLECTED_SETTING, {"keep": policy})
         kept = stored_embeddings(engine, row.id, study_folder(artifacts, row.name))
         out.append(StudyGc(row.name, policy, freed, kept))
     return out

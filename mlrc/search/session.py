@@ -33,6 +33,7 @@ from mlrc.config.splits import build_split
 from mlrc.data.base import ImageDataset
 from mlrc.protocol.splits import Split
 from mlrc.search.artifacts import (
+    ARTIFACTS_SETTING,
     archive_study,
     artifact_root,
     fold_folder,
@@ -199,6 +200,8 @@ def build_session(
     check_ranks(resolved, procs, "processes per trial", counts)
     folder = study_folder(Path(artifacts), resolved.study.name)
     study_id, settings = _register(engine, resolved, budgets_used, threads, folder)
+    # where its artifacts are: report, rescore and export-model find them without --artifacts
+    studies.record_setting(engine, study_id, ARTIFACTS_SETTING, str(Path(artifacts).resolve()))
     resolved = with_settings(resolved, settings)
     ctx = StudySession(
         resolved,

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "archive_study",
     "ensure_study",
+    "record_setting",
     "stored_config",
     "studies",
     "study_named",
@@ -76,6 +77,18 @@ def ensure_study(
             s.add(row)
             s.flush()
         return row.id, row.config
+
+
+def record_setting(engine: Engine, study_id: int, key: str, value: Any) -> None:
+    """Set ``key`` of the study's settings (the artifacts folder, what ``mlrc gc`` collected);
+    a study from before schema 6 (settings None) is left as it is; no write when unchanged."""
+
+    def write(s: Session) -> None:
+        row = s.get(Study, study_id)
+        if row is not None and row.settings is not None and row.settings.get(key) != value:
+            row.settings = {**row.settings, key: value}
+
+    transact(engine, write, f"recording the study's {key}")
 
 
 def archive_study(

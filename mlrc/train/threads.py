@@ -61,6 +61,7 @@ __all__ = [
     "share",
     "share_line",
     "visible_cores",
+    "waiting_line",
 ]
 
 log = logging.getLogger("mlrc")
@@ -313,16 +314,25 @@ def _wait_and_take(d: Path, threads: int, waiting: list[FileLock]) -> FileLock:
                 return _hold(d / f"{prefix}{pid}.run-{threads}.slot")
             if not waiting:
                 waiting.append(_hold(d / f"{prefix}{pid}.wait-{time.time_ns()}.slot"))
-                log.warning(
-                    "cpu share: waiting for a free slot (%d of %d cores busy with other mlrc "
-                    "processes' folds; this study's folds use %d core%s: torch threads and "
-                    "loader processes)",
-                    busy,
-                    cores,
-                    threads,
-                    "s" * (threads != 1),
-                )
+                log.warning("%s", waiting_line(busy, cores, threads, len(waiters)))
         time.sleep(POLL_S)
+
+
+def waiting_line(busy: int, cores: int, threads: int, ahead: int) -> str:
+    """The line a fold logs when it starts to wait: the cores other processes' folds hold,
+    and the processes that waited first (they go first, even when cores are free)."""
+    uses = f"this study's folds use {threads} core{'s' * (threads != 1)}: torch threads and "
+    uses += "loader processes"
+    if ahead:
+        who = f"{ahead} other mlrc process{'es' * (ahead != 1)}"
+        return (
+            f"cpu share: waiting behind {who} that started waiting first ({busy} of {cores} "
+            f"cores busy with other mlrc processes' folds; {uses})"
+        )
+    return (
+        f"cpu share: waiting for a free slot ({busy} of {cores} cores busy with other mlrc "
+        f"processes' folds; {uses})"
+    )
 
 
 @contextlib.contextmanager

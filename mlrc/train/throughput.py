@@ -434,7 +434,9 @@ def _timed(
     desc: str, loader: Iterable, until: _Until | None, seconds: float, progress: bool, cores: int
 ) -> Rate:
     """:func:`_rate` of ``loader`` under a progress bar named ``desc``."""
-    with tqdm(desc=desc, unit="img", disable=not progress) as bar:
+    with tqdm(
+        desc=desc, unit="img", disable=None if progress else True
+    ) as bar:  # None: no tty, no bar
         return _rate(loader, until, seconds, bar, cores)
 
 

@@ -138,8 +138,9 @@ def test_class_with_training_and_query_images(tmp_path):
     with pytest.raises(ConfigError) as e:
         build_split(None, ds, 2, "kfold", "study.yaml: split")
     assert one_line(e) == (
-        f"study.yaml: split: image_folder: class 'a' has training images ({root / 'a' / '0.jpg'}) "
-        f"and query images ({root / 'query' / 'a' / '2.jpg'}): a test class cannot train"
+        f"study.yaml: dataset: image_folder: class 'a' has training images "
+        f"({root / 'a' / '0.jpg'}) and query images ({root / 'query' / 'a' / '2.jpg'}): a test "
+        f"class cannot train (query/gallery roles from {root / 'gallery'})"
     )
 
 

@@ -128,3 +128,28 @@ def test_docs_build_strict(tmp_path):
     ):
         assert f'id="{anchor}"' in api, anchor
     assert not list(REPO.glob("site/index.html")), "the build wrote into the repository"
+
+
+def test_the_design_is_in_the_repository():
+    """#37: the README sent a user to ``../shared/DESIGN.md``, which a clone does not have."""
+    outside = [p.relative_to(REPO) for p in MARKDOWN if "shared/DESIGN" in p.read_text("utf-8")]
+    assert outside == []
+    assert "docs/guide/design.md" in (REPO / "README.md").read_text("utf-8")
+    assert "guide/design.md" in (REPO / "mkdocs.yml").read_text("utf-8")
+    assert "| test split |" in (DOCS / "guide" / "design.md").read_text("utf-8")
+
+
+def test_fidelity_states_what_no_seed_reproduces():
+    """#37 finding 10: the reference's unseeded generator, its own pins, the all-folds-at-epoch-0
+    case, old .npz without best_epochs and the loader iterators are stated."""
+    page = " ".join((DOCS / "guide" / "fidelity.md").read_text("utf-8").split())
+    for said in (
+        "replaces PML's generator with an **unseeded** `np.random.RandomState()`",
+        "no seed gives the reference runs' batches",
+        "powerful-benchmarker **0.9.32**",
+        "pins PML **0.9.88**",
+        "**When every fold of a reproduction is at epoch 0**",
+        "before `best_epochs` was kept",
+        "one `DataLoader` iterator per fold",
+    ):
+        assert said in page, said

@@ -83,7 +83,7 @@ def test_the_app_is_walked_to_every_option():
     options = app_options()
     assert {"--fold-parallel", "--no-fold-parallel"} in options["mlrc study run"]
     assert {"--storage", "--trials"} <= names(options["mlrc study run"])
-    assert options["mlrc"] == [{"--debug"}] and options["mlrc data list"] == []
+    assert options["mlrc"] == [{"--version"}, {"--debug"}] and options["mlrc data list"] == []
 
 
 @pytest.fixture(scope="module")

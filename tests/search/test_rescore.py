@@ -193,8 +193,11 @@ def test_retention_keeps_the_embeddings_and_gc_counts_them(tested, tmp_path):
     url, art = copy_store(url0, tmp_path / "db.sqlite"), tmp_path / "art"
     shutil.copytree(art0, art)
     npz = sorted(art.rglob("*.npz"))
-    assert len(npz) == 2 and not list(art.rglob("*.pt"))  # keep resume: no checkpoint left
+    kept = sorted(art.rglob("*.pt"))  # keep resume: one reproduction's fold models (#37)
+    assert len(npz) == 2 and kept and {p.name for p in kept} == {"best.pt"}
+    assert len({p.parts[-3] for p in kept}) == 1  # of one reproduction
     size = sum(os.stat(p).st_size for p in npz)
+    both = size + sum(os.stat(p).st_size for p in kept)
     out = cli("gc", "--storage", url, "--artifacts", art, "--keep", "resume").output
     assert f"kept {human_bytes(size)} of stored test embeddings in 2 files" in out
     assert sorted(art.rglob("*.npz")) == npz
@@ -203,7 +206,7 @@ def test_retention_keeps_the_embeddings_and_gc_counts_them(tested, tmp_path):
         c.execute("UPDATE mlrc_study SET name = 'e.old-1' WHERE name = 'e'")
     os.replace(art / "e", art / "e.old-1")
     out = cli("gc", "--storage", url, "--artifacts", art).output
-    assert f"freed {human_bytes(size)} in 2 files" in out
+    assert f"freed {human_bytes(both)} in {2 + len(kept)} files" in out
     assert not list(art.rglob("*.npz"))
 
 
@@ -279,7 +282,8 @@ def test_the_report_computes_a_new_metric_from_the_stored_embeddings(rescored, t
     lost = cli("report", "--storage", url, "--artifacts", tmp_path / "elsewhere", "--metrics",
                "ndcg_at_k@5").output  # fmt: skip
     assert "are missing (moved or deleted)" in lost  # the files are not where it looks
-    assert "ndcg_at_5 not computed yet: run `mlrc study rescore e --metrics ndcg_at_k@5`" in lost
+    # the note says why (not a rescore that would fail the same way, #37)
+    assert "ndcg_at_5 not computed: study 'e', reproduction 1: stored embeddings" in lost
     md = cli("report", "--storage", url, "--artifacts", art, "--metrics", "ndcg_at_k@5").output
     assert "computed from stored embeddings: ndcg_at_5 of e" in md and "NDCG@5*" in md
     assert "not computed yet" not in md
@@ -299,8 +303,9 @@ def test_values_of_another_file_than_the_current_one_are_not_shown(rescored, tmp
     csv = cli("report", "--storage", url, "--metrics", "mrr", "--format", "csv").stdout
     lines = [x for x in __import__("csv").DictReader(csv.splitlines()) if x["metric"] == "mrr"]
     assert lines and {x["n"] for x in lines} == {"1"}
-    md = cli("report", "--storage", url, "--metrics", "mrr").output
-    assert "mrr not computed yet: run `mlrc study rescore e --metrics mrr`" in md
+    md = cli("report", "--storage", url, "--metrics", "mrr").output.replace("\n", " ")
+    # found where the store recorded them; the changed file is refused and the note says so
+    assert "mrr not computed: study 'e', reproduction 2: " in md and "refused" in md
 
 
 def test_a_file_whose_hash_differs_is_refused_in_one_line(tested, tmp_path):

@@ -141,12 +141,24 @@ def kept_best(tmp_path_factory):
 # --- retention ---------------------------------------------------------------------------------
 
 
-def test_the_default_keeps_no_checkpoint_and_computes_the_same_numbers(kept_default, kept_all):
+def exported(url: str) -> int:
+    """The reproduction export-model exports by default: the best concatenated test MAP@R."""
+    agg = rows(url, TestResult, mode="concatenated", fold=-1)
+    return min(agg, key=lambda r: (-r.map_at_r, r.reproduction)).reproduction
+
+
+def test_the_default_keeps_one_reproduction_s_models_and_computes_the_same_numbers(
+    kept_default, kept_all
+):
     url, art = kept_default
     assert numbers(url) == numbers(kept_all[0])
-    assert files(art) == []  # not a best.pt, not a last.pt, no empty fold folder left
-    assert [p for p in art.rglob("*") if p.is_dir() and p.name.startswith("fold")] == []
-    assert {f.checkpoint for f in rows(url, FoldRun)} == {None}  # rows point at nothing
+    rep = exported(url)  # #37: what export-model needs for one reproduction, nothing else
+    on_disk = files(art)
+    assert sorted(p.parts[-3:] for p in on_disk) == [
+        (f"rep{rep}", f"fold{k}", "best.pt") for k in range(4)
+    ]
+    named = {Path(f.checkpoint) for f in rows(url, FoldRun) if f.checkpoint}
+    assert set(on_disk) == named  # rows point at these files only
     ref_files = files(kept_all[1])
     assert len(ref_files) == 2 * (2 * 4 + 2 * 4)  # keep all: best.pt and last.pt of 16 folds
 
@@ -197,8 +209,10 @@ def test_gc_dry_run_lists_what_a_policy_frees_and_deletes_nothing(kept_best):
     out = cli("gc", "--storage", url, "--artifacts", art, "--dry-run").output
     assert "would free 0 B in 0 files" in out  # the study's own policy needs them all
     out = cli("gc", "--storage", url, "--artifacts", art, "--keep", "resume", "--dry-run").output
-    size = sum(os.stat(p).st_size for p in before)
-    assert f"would free {size / 1e6:.1f} MB in {len(before)} files" in out
+    rep = f"rep{exported(url)}"  # resume keeps the exported reproduction's models (#37)
+    doomed = [p for p in before if p.parts[-3] != rep]
+    size = sum(os.stat(p).st_size for p in doomed)
+    assert f"would free {size / 1e6:.1f} MB in {len(doomed)} files" in out
     assert files(art) == before
 
 
@@ -207,11 +221,14 @@ def test_gc_frees_what_the_policy_drops_and_the_report_is_unchanged(tmp_path, ke
     url, art = copy_store(url0, tmp_path / "db.sqlite"), tmp_path / "art"
     shutil.copytree(art0, art)
     report = cli("report", "--storage", url, "--format", "csv").output
-    freed = sum(os.stat(p).st_size for p in files(art))
+    rep = f"rep{exported(url)}"  # resume keeps the exported reproduction's models (#37)
+    kept = [p for p in files(art) if p.parts[-3] == rep]
+    freed = sum(os.stat(p).st_size for p in files(art) if p not in kept)
     out = cli("gc", "--storage", url, "--artifacts", art, "--keep", "resume").output
-    assert f"freed {freed / 1e6:.1f} MB in 12 files" in out
-    assert files(art) == []
-    assert {f.checkpoint for f in rows(url, FoldRun)} == {None}
+    assert f"freed {freed / 1e6:.1f} MB in 8 files" in out and len(kept) == 4
+    assert files(art) == kept
+    named = {Path(f.checkpoint).relative_to(art0) for f in rows(url, FoldRun) if f.checkpoint}
+    assert named == {p.relative_to(art) for p in kept}  # the copied rows name the original
     assert cli("report", "--storage", url, "--format", "csv").output == report
 
 
@@ -384,12 +401,15 @@ def test_the_torch_export_program_gives_the_same_embeddings_without_mlrc(kept_be
 
 def test_export_model_without_kept_checkpoints_says_why_in_one_line(kept_default, tmp_path):
     url, art = kept_default
+    other = 3 - exported(url)  # the reproduction the default retention did not keep
     r = cli("study", "export-model", "r", "--storage", url, "--artifacts", art,
-            "--out", tmp_path / "m.pt", code=2)  # fmt: skip
+            "--out", tmp_path / "m.pt", "--reproduction", other, code=2)  # fmt: skip
     line = r.output.strip()
-    assert line.startswith("error: study 'r': the models of reproduction ")
+    assert line.startswith(f"error: study 'r': the models of reproduction {other} ")
     assert "artifacts.keep: resume" in line and len(line.splitlines()) == 1
+    assert f"--reproduction {3 - other}" in line
     assert not (tmp_path / "m.pt").exists()
+    cli("study", "export-model", "r", "--storage", url, "--out", tmp_path / "m.pt")  # the kept
 
 
 def test_export_model_option_errors(kept_best, tmp_path):

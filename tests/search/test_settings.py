@@ -238,6 +238,44 @@ def test_a_fold_waits_for_a_slot_only_while_its_holder_lives(tmp_path, caplog):
     assert not list(d.glob("*.slot"))  # nothing left behind
 
 
+def test_a_fold_behind_another_waiter_says_so(tmp_path, caplog):
+    """#37: "waiting for a free slot (0 of 2 cores busy …)" while it waited behind another
+    waiting process; the line now names the processes that wait first."""
+    d = tmp_path / "workers"
+    cores = threads.visible_cores()
+    [holder] = _helpers(d, 1, "fold", str(cores))  # takes every core
+    cmd = [sys.executable, "-c", HOLDER, str(d), "fold", "1"]
+    waiter = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # waits for the holder
+    threads.configure(None, d)
+    leave = threading.Event()
+
+    def fold() -> None:
+        with threads.fold_slot(1):
+            leave.wait(30)
+
+    try:
+        deadline = time.monotonic() + 30
+        while not list(d.glob("*.wait-*.slot")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with caplog.at_level(logging.WARNING, logger="mlrc"):
+            t = threading.Thread(target=fold)
+            t.start()
+            time.sleep(1.0)
+    finally:
+        _stop([holder, waiter])
+        leave.set()
+    t.join(timeout=30)
+    threads.reset()
+    waits = [r.getMessage() for r in caplog.records if "cpu share: waiting" in r.getMessage()]
+    assert (
+        waits[:1] == [threads.waiting_line(cores, cores, 1, 1)]
+        and "waiting behind 1 other mlrc process that started waiting first" in waits[0]
+    )
+    assert threads.waiting_line(0, 2, 2, 1).startswith(
+        "cpu share: waiting behind 1 other mlrc process that started waiting first (0 of 2 "
+    )
+
+
 def test_a_single_process_never_waits(tmp_path):
     threads.configure(None, tmp_path / "workers")
     start = time.monotonic()

@@ -4,7 +4,8 @@ for a query set against a reference set (PML's ``get_accuracy`` conventions).
 
 Built-ins (one module each in :mod:`mlrc.protocol.scoring.builtin`): ``map_at_r``,
 ``precision_at_1``, ``r_precision``, ``recall_at_k@K``, ``map_at_k@K``, ``mrr`` (``mrr@K``),
-``ndcg_at_k@K``, ``hierarchical_ndcg_at_k@K`` (needs super labels) and ``fnmr_at_fmr@F``.
+``map_at_k_hits@K``, ``ndcg_at_k@K``, ``hierarchical_ndcg_at_k@K`` and
+``hierarchical_ndcg_exp_at_k@K`` (need super labels) and ``fnmr_at_fmr@F``.
 Formulas and conventions: docs/guide/metrics.md and :mod:`.engine`.
 """
 

@@ -235,13 +235,34 @@ def _same_length(x: torch.Tensor, labels: np.ndarray, what: str) -> None:
         raise ValueError(f"score: {what} has {x.shape[0]} rows but {len(labels)} {what}_labels")
 
 
+# PML's get_accuracy compares the queries with the first reference rows after casting both to
+# float32, with torch.allclose's default tolerances: a float32 copy of float64 queries passes
+PML_RTOL, PML_ATOL = 1e-5, 1e-8
+
+
 def _check_included(q: torch.Tensor, r: torch.Tensor, ql: np.ndarray, rl: np.ndarray) -> None:
-    """ref_includes_query: the first len(query) reference rows and labels are the queries'."""
+    """ref_includes_query: the first len(query) reference rows and labels are the queries', as
+    PML's ``get_accuracy`` checks it (both cast to float32, ``torch.allclose`` with rtol
+    :data:`PML_RTOL` and atol :data:`PML_ATOL`; labels equal); the message says what differs."""
     m = q.shape[0]
-    if r.shape[0] < m or not torch.equal(r[:m].to(q.dtype), q) or not (rl[:m] == ql).all():
+    head = "score: ref_includes_query needs the first len(query) reference rows and labels to "
+    head += "be the queries'"
+    if r.shape[0] < m:
+        raise ValueError(f"{head}: the reference has {r.shape[0]} rows, the query {m}")
+    a, b = q.float(), r[:m].float()
+    close = torch.isclose(a, b, rtol=PML_RTOL, atol=PML_ATOL).all(dim=1)
+    if not bool(close.all()):
+        i = int((~close).nonzero()[0, 0])
+        diff = float((a[i] - b[i]).abs().max())
         raise ValueError(
-            "score: ref_includes_query needs the first len(query) reference rows and labels to "
-            "be the queries' (as PML's get_accuracy)"
+            f"{head}: reference row {i} differs from query row {i} by up to {diff:.3g} (compared "
+            f"as PML's get_accuracy: both cast to float32, torch.allclose rtol {PML_RTOL:g}, "
+            f"atol {PML_ATOL:g})"
+        )
+    if not (rl[:m] == ql).all():
+        i = int(np.flatnonzero(rl[:m] != ql)[0])
+        raise ValueError(
+            f"{head}: reference label {rl[i]} at row {i} is not the query's label {ql[i]}"
         )
 
 
