@@ -140,10 +140,10 @@ class Timers:
         @contextlib.contextmanager
         def timed_lock(engine: Any, name: str) -> Any:
             t0 = time.perf_counter()
-            with lock(engine, name):
+            with lock(engine, name) as held:  # the HeldLock its claims check (#38)
                 if threading.current_thread() is threading.main_thread():
                     self.seconds["lock wait"] += time.perf_counter() - t0
-                yield
+                yield held
 
         mlrc.store.advisory_lock = timed_lock
 

@@ -202,7 +202,7 @@ def test_a_campaign_cell_shows_the_failed_trial(tmp_path):
     status = Child([["campaign", "status", "bad", "--storage", url]], tmp_path / "status")
     assert status.wait() == 0, status.output()
     assert f"{name}: failed: trial 0: {reason}" in status.output()
-    assert "1 studies: 1 failed" in status.output()
+    assert "1 study: 1 failed" in status.output()
 
 
 # --- a failure of the test stage -------------------------------------------------------------------
@@ -296,7 +296,9 @@ def test_sigterm_during_a_campaign_search_marks_the_trial_interrupted(signalled_
     assert trial_rows[0][:2] == ("interrupted", "interrupted")
     assert "running" not in {r[3] for r in fold_rows}
     assert ("search", 0, 0, "interrupted") in fold_rows
-    assert "running" not in status and "1 studies: 1 pending" in status
+    # no unit of work is running (the work table's header names the word "running")
+    assert "(1 running)" not in status and "running: " not in status
+    assert "1 study: 1 pending" in status
 
 
 def test_ctrl_c_during_a_campaign_test_stage_marks_the_fold_interrupted(signalled_campaign):
@@ -309,13 +311,13 @@ def test_ctrl_c_during_a_campaign_test_stage_marks_the_fold_interrupted(signalle
     ]
     assert "running" not in {r[3] for r in fold_rows}
     assert "running" not in {t[0] for t in trial_rows.values()}
-    assert "(1 running)" not in status and "1 studies: 1 partial" in status
+    assert "(1 running)" not in status and "1 study: 1 partial" in status
 
 
 def test_the_interrupted_campaign_resumes_to_the_end(signalled_campaign):
     _, final, db = signalled_campaign
     assert final.code == 0, final.output()
-    assert "1 studies: 1 done" in final.output()
+    assert "1 study: 1 done" in final.output()
     assert {s for (s,) in sql(db, "select status from mlrc_fold_run")} == {"complete"}
     assert [t[0] for _, t in sorted(trials(db).items())] == ["interrupted", "complete"]
 

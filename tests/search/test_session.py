@@ -194,8 +194,12 @@ def test_report_formats_and_ci_against_scipy(finished_study, tmp_path):
         "untrained_test",
         "warm_start",
         "pruning_risk",
+        "fold_models",
+        "embedding_size",
     ]
     assert not table["test_set_selection"].any()  # the reality check's protocol
+    studied = table[table["loss"] != "random_init"]  # sizes as the cpu preset resolves them
+    assert (studied["fold_models"] == 4).all() and (studied["embedding_size"] == 128).all()
     baseline = table[table["loss"] == "random_init"]  # the untrained tiny_cnn, first, n = 1
     assert len(baseline) == 6 and (baseline["n"] == 1).all() and baseline["half_width"].isna().all()
     table = table[table["loss"] != "random_init"]
