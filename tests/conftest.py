@@ -147,6 +147,31 @@ def _no_cpu_share_leaks():
         torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def _no_child_process_left():
+    """A test leaves no non-daemon ``multiprocessing`` child running: the interpreter joins
+    those at exit, so one left behind (a rank of a failed launch, a lock holder) would hang the
+    whole session after its summary. Killed here, and the test that left it fails, naming it. The SIGTERM and
+    SIGINT handlers an in-process launch installed (torch elastic's) are put back too."""
+    import multiprocessing
+    import signal
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in handlers.items():
+        if signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
+    # non-daemon ones only: daemons (DataLoader workers) are terminated at exit, not joined
+    left = [c for c in multiprocessing.active_children() if not c.daemon]
+    for child in left:
+        child.join(10)  # one that is just exiting
+    left = [c for c in left if c.is_alive()]
+    for child in left:
+        child.kill()
+        child.join(10)
+    assert not left, f"the test left child processes running (killed): {left}"
+
+
 def rank_pids(launcher_pid: int) -> list[int]:
     """The rank processes a fold launched from process ``launcher_pid`` runs now: the children
     of its forkserver (``mlrc.train.launch`` forks the ranks from one), in the order they

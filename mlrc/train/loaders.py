@@ -28,6 +28,8 @@ identical, bit for bit, to those of a ``DataLoader`` started afresh each epoch (
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing.util  # noqa: F401  (its exit handler first: see the end)
 import random
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
@@ -136,8 +138,26 @@ class _SeededDataset(Dataset):
 def ignore_stop_signals(_worker_id: int) -> None:
     """A DataLoader worker's ``worker_init_fn``: SIGINT and SIGTERM (a Ctrl-C or a preemption
     sent to the whole process group) are its parent's to handle; the worker ends with its
-    parent (torch's watchdog sees the parent gone)."""
+    parent (torch's watchdog sees the parent gone), or by :func:`end_loader_workers`."""
     import signal
 
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
+
+
+def end_loader_workers() -> None:
+    """At exit, SIGKILL the daemonic children (DataLoader workers) still alive. One outlives its
+    iterator when a traceback kept after an error still holds that iterator. ``multiprocessing``'s
+    own exit handler ends daemonic children with SIGTERM, which these workers ignore, and then
+    joins them: without this, the process would wait for them forever (they wait for it)."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join(5)
+
+
+# registered after multiprocessing's own exit handler (registered when multiprocessing.util is
+# first imported, here at the latest), so that it runs before it
+atexit.register(end_loader_workers)

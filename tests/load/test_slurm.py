@@ -10,6 +10,7 @@ import pickle
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -107,11 +108,18 @@ def test_three_jobs_one_cancelled_one_requeued(cluster, tmp_path, fresh_database
         while time.monotonic() < deadline:
             st = slurm.slurm_status("slurm-a", url, art)
             assert st.counts["complete"] < TRIALS, "the study ended before a job could be stopped"
-            job = next((j for j in st.jobs if j.state == "RUNNING" and j.trials), None)
-            if job is not None and job.id not in but:
+            running = [j for j in st.jobs if j.state == "RUNNING" and j.trials and j.id not in but]
+            job = next((j for j in running if just_started(j.trials[0])), None)
+            if job is not None:
                 return job
             time.sleep(0.5)
         pytest.fail(f"no job ran a trial: {st}\n{cluster.logs()}")
+
+    def just_started(trial: int) -> bool:
+        """Started under 3 s ago: most of its ~10 s are still to run when the signal comes (a
+        trial that ends between this look and scancel would be complete, not interrupted)."""
+        started = {t.number: t.datetime_start for t in optuna_trials(url, "slurm-a")}[trial]
+        return started is not None and (datetime.now() - started).total_seconds() < 3
 
     def log(job: str) -> str:
         return (art / f"slurm/slurm-a/{job}/{job}_0_log.out").read_text()

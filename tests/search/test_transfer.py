@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from mlrc import store
 from mlrc.cli import app
+from mlrc.search.artifacts import ARTIFACTS_SETTING
 from mlrc.search.replay import recorded_study
 from mlrc.search.transfer import export_study, import_study, read_study_file, write_study_file
 from mlrc.store.engine import session
@@ -111,6 +112,10 @@ def test_campaign_run_skips_the_imported_study(moved):
     run(path, b, tmp / "art-b")  # no checkpoint travels: anything it trained would show
     after = export_study(b, NAME)
     assert after["optuna"] == before["optuna"]  # no trial asked, none told
+    # the one change: the study now records the folder of its last run (ARTIFACTS_SETTING)
+    moved_to = after["rows"]["study"]["settings"].pop(ARTIFACTS_SETTING)
+    before["rows"]["study"]["settings"].pop(ARTIFACTS_SETTING, None)
+    assert moved_to == str((tmp / "art-b").resolve())
     assert after == before
     status = cli("campaign", "status", path, "--storage", b).output
     assert "done" in status

@@ -162,3 +162,34 @@ def test_a_fold_with_persistent_workers_is_the_fold_of_per_epoch_workers(glyphs_
         histories.append([vars(h) for h in res.history])
     assert histories[0] == histories[1]
     assert len(histories[0]) == 4  # epoch 0 and three trained epochs
+
+
+EXIT_WITH_A_LIVE_ITERATOR = """
+import sys, torch
+from torch.utils.data import DataLoader
+from mlrc.train.loaders import ignore_stop_signals
+
+loader = DataLoader(list(range(64)), batch_size=4, num_workers=2, worker_init_fn=ignore_stop_signals)
+it = iter(loader)
+next(it)
+keep = [it, None]
+keep[1] = keep  # a cycle, as a kept traceback makes: no refcount frees the iterator before exit
+print("exiting", flush=True)
+"""
+
+
+def test_a_process_exits_with_its_loader_workers_still_alive(tmp_path):
+    """A loader iterator still alive at exit (its workers ignore SIGTERM) does not hang the
+    process: ``multiprocessing`` would SIGTERM and join them forever; mlrc kills them first."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_WITH_A_LIVE_ITERATOR)
+    try:
+        out = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process hung at exit, joining its loader workers")
+    assert out.returncode == 0 and "exiting" in out.stdout, out.stderr
