@@ -72,11 +72,11 @@ CHECKED = [
     "docs/guide/metrics.md",
     "docs/guide/robustness.md",
     "docs/guide/clusters.md",
+    "docs/guide/fidelity.md",
 ]
 # The pages users read that are not rewritten yet: measured by default, not checked. Move a
 # page to CHECKED once it is rewritten. A page listed here that does not exist is passed over.
 NOT_YET = [
-    "docs/guide/fidelity.md",
     "docs/guide/performance.md",
 ]
 
