@@ -77,8 +77,7 @@ CHECKED = [
 ]
 # The pages users read that are not rewritten yet: measured by default, not checked. Move a
 # page to CHECKED once it is rewritten. A page listed here that does not exist is passed over.
-NOT_YET = [
-]
+NOT_YET: list[str] = []
 
 ABBREVIATIONS = {"e.g", "i.e", "vs", "cf", "al", "fig", "approx", "resp", "no", "etc.,"}
 FENCE = re.compile(r"^\s*(```|~~~)")
