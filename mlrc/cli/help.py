@@ -1,6 +1,6 @@
-"""Command help that reads well: the docstrings of the commands, written for the API docs (Sphinx
-roles, code in double backticks, lines wrapped at 100 columns), shown as whole sentences in a
-terminal and in the generated CLI reference.
+"""Command help that reads well: the docstrings of the commands, shown as whole sentences in a
+terminal and in the generated CLI reference. They are written for the API docs (Sphinx roles, code
+in double backticks, lines wrapped at 100 columns).
 
 :func:`help_text` turns one docstring into help text; :func:`readable_help` applies it to every
 command and group of a Typer app once they are registered. The docstrings themselves stay as they

@@ -1,6 +1,7 @@
 """Terminal output shared by the two front ends, ``mlrc`` (:mod:`mlrc.cli`) and its campaigns
-(:mod:`mlrc.search.campaign_runner`): the consoles, the one-line refusal (``error: …``, exit 2), the checks of
-``--device`` and ``--artifacts``, expected failures as one line, a study's status, the report.
+(:mod:`mlrc.search.campaign_runner`): the consoles, the one-line refusal (``error: …``, exit 2),
+expected failures as one line. Also the checks of ``--device`` and ``--artifacts``, a study's
+status, the report.
 
 It sits below both front ends (the campaign must not import the CLI) and above what it shows
 (:mod:`mlrc.search`, :mod:`mlrc.report`, :mod:`mlrc.store`)."""

@@ -1,6 +1,7 @@
-"""The dataset interface and registry: :class:`ImageDataset`, the (image, label) pairs with labels
-0..C−1 that every loader returns; its registration metadata (:class:`DatasetInfo`), the registry
-``DATASETS`` with ``register``/``build``; and the image and file checks the loaders share.
+"""The dataset interface and registry: :class:`ImageDataset`, its registration metadata
+(:class:`DatasetInfo`), the registry ``DATASETS`` with ``register``/``build``, and the image and
+file checks the loaders share. An :class:`ImageDataset` holds the (image, label) pairs with labels
+0..C−1 that every loader returns.
 
 A dataset's factory is ``factory(root=None, **params) -> ImageDataset``: ``root`` is the folder
 (or file) the study's ``dataset.root`` names; the built-ins live in :mod:`mlrc.data.on_disk` and

@@ -1,7 +1,7 @@
-"""The test-result tables in each format: :func:`render` picks ``md`` (GitHub markdown), ``csv``
-(tidy, one line per row × mode × metric), ``latex`` (:mod:`mlrc.report.latex`), ``html``
-(:mod:`mlrc.report.table_html`) or ``json`` (the tidy lines, the blocks' rows as shown and the
-legend: everything a table shows, for other programs)."""
+"""The test-result tables in each format: :func:`render` picks ``md`` (GitHub markdown), ``csv``,
+``latex``, ``html`` or ``json``. ``csv`` is tidy, one line per row × mode × metric. ``latex`` is
+:mod:`mlrc.report.latex`, ``html`` is :mod:`mlrc.report.table_html`. ``json`` holds the tidy lines,
+the blocks' rows as shown and the legend: everything a table shows, for other programs."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The report's table blocks: the studies of one dataset under one protocol (its resolved
-configuration without what a table compares, :mod:`mlrc.report.scopes`, and how its test stage
-ranked: query→gallery or all vs all), with the fields in which a dataset's blocks differ."""
+"""The report's table blocks: the studies of one dataset under one protocol, with the fields in
+which a dataset's blocks differ. A block's protocol is its resolved configuration without what a
+table compares (:mod:`mlrc.report.scopes`), and how its test stage ranked: query→gallery or all vs
+all."""
 
 from __future__ import annotations
 

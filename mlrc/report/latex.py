@@ -1,6 +1,6 @@
 """The test-result tables in LaTeX: booktabs, ``\\pm``, ``\\textbf``, ``\\underline``,
-``$^{\\dagger}$``, ``\\S`` after a traditional row, the ranking stability
-(:mod:`mlrc.report.stability`) and the legend as paragraphs after the tabular;
+``$^{\\dagger}$``, and ``\\S`` after a traditional row. The ranking stability
+(:mod:`mlrc.report.stability`) and the legend come as paragraphs after the tabular;
 :func:`latex_document` wraps it in a document that pdflatex compiles."""
 
 from __future__ import annotations

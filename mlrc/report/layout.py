@@ -1,6 +1,6 @@
 """The layout of the test-result tables, shared by every format: per (dataset, protocol) a
-:class:`Block` of :class:`Row` s, each with its :class:`Cell` s and their marks resolved, and
-the legend's notes that the table needs (:func:`legend`)."""
+:class:`Block` of :class:`Row` s, each with its :class:`Cell` s and their marks resolved. Also the
+legend's notes that the table needs (:func:`legend`)."""
 
 from __future__ import annotations
 

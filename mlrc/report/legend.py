@@ -1,6 +1,7 @@
 """The words of the test-result tables' legend: the marks, and the notes a table may need
-(baselines, pruning, protocols, trials scored 0, the traditional protocol's leakage). :func:`mlrc.report.layout.notes` picks the
-notes a table needs; the renderers print them after the table."""
+(baselines, pruning, protocols, trials scored 0, the traditional protocol's leakage). The notes a
+table needs are picked by :func:`mlrc.report.layout.notes`; the renderers print them after the
+table."""
 
 from __future__ import annotations
 

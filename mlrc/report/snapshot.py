@@ -1,8 +1,8 @@
-"""What one dashboard page shows, read from the store in one go: a :class:`Snapshot` of the
-selected studies (:class:`StudyData`: their trials as :class:`TrialRow`, their search fold runs as
-:class:`FoldCurve`, the retrieval view of their best reproduction as :class:`Retrieval`) and the
-test-result summary of :mod:`mlrc.report.tables`; and, study by study, its trials as Optuna
-stored them (:class:`OptunaReader`, :class:`OptunaTrials`) for Optuna's figures.
+"""What one dashboard page shows, read from the store in one go: a :class:`Snapshot` of the selected
+studies and the test-result summary of :mod:`mlrc.report.tables`. Each study is a
+:class:`StudyData`: its trials as :class:`TrialRow`, its search fold runs as :class:`FoldCurve`, the
+retrieval view of its best reproduction as :class:`Retrieval`. For Optuna's figures, study by study,
+its trials as Optuna stored them (:class:`OptunaReader`, :class:`OptunaTrials`).
 
 The queries are :mod:`mlrc.store.snapshot`'s; this module only shapes their rows. The one other
 source is the dataset, for the retrieval view's thumbnails (:func:`thumbnails`): opened from the

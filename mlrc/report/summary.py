@@ -1,8 +1,8 @@
-"""The tidy summary of the test-result tables: per (study or baseline, mode, metric) the mean
-and its 95% Student-t interval over reproductions, and the marks within each (dataset,
-protocol) block — best mean, best row, Welch's t-test against the column's best. A traditional
-study's lines (``test_set_selection``) are Recall@K, MAP@R (in %) and its chosen epoch (in epochs,
-never marked)."""
+"""The tidy summary of the test-result tables: per (study or baseline, mode, metric) the mean and
+its 95% Student-t interval over reproductions. The marks within each (dataset, protocol) block: best
+mean, best row, Welch's t-test against the column's best. A traditional study's lines
+(``test_set_selection``) are Recall@K, MAP@R (in %) and its chosen epoch (in epochs, never
+marked)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""The values of the test-result tables: which studies a selection names
-(:func:`select_studies`) and one row per (study, reproduction, mode, metric) in table order
-(:func:`collect`), each study with its protocol block, and each block's untrained baselines
-first. A traditional study (:func:`is_traditional`: its epoch chosen on the test classes) has
-the lines of :func:`traditional_metrics` instead. Reads the store through
-:mod:`mlrc.store.reads`."""
+"""The values of the test-result tables: which studies a selection names (:func:`select_studies`)
+and one row per (study, reproduction, mode, metric) in table order (:func:`collect`). Each study
+comes with its protocol block, and each block's untrained baselines come first. A traditional study
+(:func:`is_traditional`: its epoch chosen on the test classes) has the lines of
+:func:`traditional_metrics` instead. Reads the store through :mod:`mlrc.store.reads`."""
 
 from __future__ import annotations
 

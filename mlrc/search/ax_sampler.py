@@ -1,7 +1,7 @@
-"""``sampler: ax``: the reference harness's search — Ax's default of 2020 (Sobol for
-max(5, #params) trials, then a GP with expected improvement, each trial's fold SEM given as its
-known noise) — as an Optuna sampler, so that mlrc drives an Optuna study as with ``gp`` and
-``tpe``.
+"""``sampler: ax``: the reference harness's search as an Optuna sampler, so that mlrc drives an
+Optuna study as with ``gp`` and ``tpe``. That search is Ax's default of 2020: Sobol for max(5,
+#params) trials, then a GP with expected improvement, each trial's fold SEM given as its known
+noise.
 
 The sampler keeps no state between suggestions: each one rebuilds an Ax experiment from the
 Optuna study's trials, so any number of processes (``mlrc worker``, a resumed study) propose

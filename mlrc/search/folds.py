@@ -1,6 +1,6 @@
 """One fold of a trial (kind ``search``) or of a test reproduction (kind ``test``), run
-idempotently: a fold run whose checkpoint is stored is not trained again, and an interrupted
-one resumes from its ``last.pt`` (the fold trainer's concern)."""
+idempotently. A fold run whose checkpoint is stored is not trained again, and an interrupted one
+resumes from its ``last.pt`` (the fold trainer's concern)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """How wide a campaign's confidence intervals will be: the 95 % Student-t half-width of the test
-MAP@R over n reproductions from a spread ``s`` (:func:`half_width`), the smallest n that reaches
-a width (:func:`reproductions_for`), and the spread itself (:func:`spread_of`) — measured from a
-study's tested reproductions in the store, pooled over the studies of the same dataset and
-preset, or the reality check's typical spread (:data:`TYPICAL`), each marked as such.
+MAP@R over n reproductions from a spread ``s`` (:func:`half_width`). Also the smallest n that
+reaches a width (:func:`reproductions_for`), and the spread itself (:func:`spread_of`). The spread
+is measured from a study's tested reproductions in the store, pooled over the studies of the same
+dataset and preset, or the reality check's typical spread (:data:`TYPICAL`), each marked as such.
 
 Units: MAP@R **points** (percent, as the paper prints 26.53 ± 0.29), spreads too."""
 

@@ -1,6 +1,6 @@
-"""The test stage: the best parameters retrained ``reproductions`` times on all folds, each
-fold model measured on the test classes, separated (each 128-D fold model, then their mean) and
-concatenated (512-D), beside the untrained baseline.
+"""The test stage: the best parameters retrained ``reproductions`` times on all folds, beside the
+untrained baseline. Each fold model is measured on the test classes, separated (each 128-D fold
+model, then their mean) and concatenated (512-D).
 
 Under the traditional preset there is one fold, whose best epoch was already chosen on the test
 classes: its three rows (fold 0, the separated mean, the "concatenation" of one model) hold the

@@ -1,8 +1,8 @@
 """Re-scoring without training (``mlrc study rescore``): any registered metric
 (:mod:`mlrc.protocol.scoring`) computed from a study's stored test embeddings
-(:mod:`mlrc.search.embeddings`), for every tested reproduction that stored them, and recorded as
-computed after the fact (``mlrc_rescored``), where ``mlrc report --metrics`` reads them (it
-runs :func:`rescore_missing` first).
+(:mod:`mlrc.search.embeddings`). It covers every tested reproduction that stored them. The values
+are recorded as computed after the fact (``mlrc_rescored``), where ``mlrc report --metrics`` reads
+them (it runs :func:`rescore_missing` first).
 
 Per reproduction, as the test stage scores: each fold model's rows (separated, folds 0..k−1),
 their mean (separated, fold −1: the reference's mean aggregator, which leaves out a fold kept at

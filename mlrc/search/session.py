@@ -1,7 +1,7 @@
-"""A study session: a study opened by this process — connected, registered (or checked against
-the store), locked on SQLite, its dataset and split loaded — as one :class:`StudySession` that
-the search, the test stage and the backends work through. What makes two studies "the same"
-is :mod:`mlrc.config.identity`'s; where their files live is :mod:`mlrc.search.artifacts`'s."""
+"""A study session: a study opened by this process, as one :class:`StudySession` that the search,
+the test stage and the backends work through. The study is connected, registered (or checked against
+the store) and locked on SQLite, its dataset and split loaded. What makes two studies "the same" is
+:mod:`mlrc.config.identity`'s; where their files live is :mod:`mlrc.search.artifacts`'s."""
 
 from __future__ import annotations
 

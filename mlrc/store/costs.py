@@ -1,7 +1,6 @@
-"""What work cost, as the store measured it: every fold run with its epochs, wall time and
-device (:func:`fold_costs`), and the test MAP@R of every tested reproduction
-(:func:`reproduction_values`) — what :mod:`mlrc.search.plan` estimates a campaign's cost and its
-confidence intervals from."""
+"""What work cost, as the store measured it: every fold run with its epochs, wall time and device
+(:func:`fold_costs`), and the test MAP@R of every tested reproduction (:func:`reproduction_values`).
+From these, :mod:`mlrc.search.plan` estimates a campaign's cost and its confidence intervals."""
 
 from __future__ import annotations
 

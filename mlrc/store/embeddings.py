@@ -1,7 +1,8 @@
-"""Stored test embeddings and the metrics re-scored from them (schema 8): which file holds a
-tested reproduction's embeddings (``mlrc_embedding_file``: its path relative to the study's
-folder and its sha256) and the values computed after the fact (``mlrc_rescored``). Files are
-:mod:`mlrc.search.embeddings`'s; this module only records and reads rows."""
+"""Stored test embeddings and the metrics re-scored from them (schema 8): the rows of
+``mlrc_embedding_file`` and ``mlrc_rescored``. The first says which file holds a tested
+reproduction's embeddings: its path relative to the study's folder and its sha256. The second holds
+the values computed after the fact. Files are :mod:`mlrc.search.embeddings`'s; this module only
+records and reads rows."""
 
 from __future__ import annotations
 

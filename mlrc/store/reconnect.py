@@ -1,6 +1,7 @@
-"""What every database call stands on: the store's error, URLs shown without their password
-(or made absolute for other processes), database errors as one line (and told from the work's
-own), and waiting out a lost connection (tenacity, exponential backoff)."""
+"""What every database call stands on: the store's error, URLs shown without their password,
+database errors as one line, and waiting out a lost connection. A URL may be made absolute for other
+processes instead, a database error is told from the work's own, and the wait uses tenacity's
+exponential backoff."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""What a study's search writes and reads of its trials and fold runs: start and finish a
-trial or a fold, its epochs, the best trial, retention's view of the fold runs (every such query
-of :mod:`mlrc.search`, named for what it does). The study's own row is in
-:mod:`mlrc.store.studies`, test results and the untrained baseline in
-:mod:`mlrc.store.results`.
+"""What a study's search writes and reads of its trials and fold runs: start and finish a trial or a
+fold, its epochs, the best trial, retention's view of the fold runs. Every such query of
+:mod:`mlrc.search` is here, named for what it does. The study's own row is in
+:mod:`mlrc.store.studies`, test results and the untrained baseline in :mod:`mlrc.store.results`.
 
 Each write is one transaction, re-run after a lost connection (:func:`mlrc.store.engine.transact`),
 and idempotent: rows are upserted on their natural keys. ``what`` in an error message says

@@ -1,6 +1,6 @@
-"""A trained study's model for use outside mlrc: the best reproduction's fold models as one
-module whose output is MLRC's test-time embedding — L2-normalised, D dimensions (one fold
-model, D = the preset's ``embedding_size``) or K·D (the K fold models' normalised embeddings
+"""A trained study's model for use outside mlrc: the best reproduction's fold models as one module
+whose output is MLRC's test-time embedding. That embedding is L2-normalised, of D dimensions (one
+fold model, D = the preset's ``embedding_size``) or K·D (the K fold models' normalised embeddings
 concatenated and normalised again, the "concatenated" mode of the reality check; 512 for the
 reference preset's 4 × 128).
 

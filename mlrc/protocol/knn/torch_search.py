@@ -1,6 +1,6 @@
-"""The torch search — ``exact_knn`` on every device, ``exact_neighbours`` on every device but
-the CPU (there too when :mod:`.tuning` asks): blocks of queries against all items in float32 on
-the device, a certificate per query, the exact fallback for the rest.
+"""The torch search: blocks of queries against all items in float32 on the device, a certificate per
+query, the exact fallback for the rest. ``exact_knn`` runs it on every device, ``exact_neighbours``
+on every device but the CPU (there too when :mod:`.tuning` asks).
 
 Float32 similarities t32 = a_q·b_r ≈ s + offset (larger = nearer, :mod:`.space`) under
 :func:`~.arrays.full_fp32_matmul`, the exact scores s = −d/2 of the candidates on the device

@@ -1,8 +1,9 @@
-"""The dashboard's Plotly figures, drawn from data the caller read (:mod:`mlrc.report.snapshot`):
-a study's optimisation history and per-fold validation curves (:mod:`mlrc.report.figures.study`), the 2-D map of
-its best reproduction's test embeddings (:mod:`mlrc.report.figures.retrieval`), the test results of the selected
-studies (:mod:`mlrc.report.figures.results`), and Optuna's importance, slice and parallel-coordinate plots of its
-Optuna trials (:mod:`mlrc.report.figures.optuna_plots`). No figure reads the store.
+"""The dashboard's Plotly figures, drawn from data the caller read (:mod:`mlrc.report.snapshot`). No
+figure reads the store. The figures are a study's optimisation history and per-fold validation
+curves (:mod:`mlrc.report.figures.study`), the 2-D map of its best reproduction's test embeddings
+(:mod:`mlrc.report.figures.retrieval`), the test results of the selected studies
+(:mod:`mlrc.report.figures.results`), and Optuna's importance, slice and parallel-coordinate plots
+of its Optuna trials (:mod:`mlrc.report.figures.optuna_plots`).
 
 Every string from the store that goes into a label is escaped first
 (:func:`~mlrc.report.figures.common.label`).

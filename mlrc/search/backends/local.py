@@ -1,6 +1,6 @@
 """The local backend: one process (``mlrc study run``) or a pool of workers (``mlrc worker`` on
-PostgreSQL, Slurm jobs) running the same loop — take the next trial under the study's lock,
-train its folds with a heartbeat, tell Optuna. Workers coordinate only through the database.
+PostgreSQL, Slurm jobs) running the same loop. The loop takes the next trial under the study's lock,
+trains its folds with a heartbeat and tells Optuna. Workers coordinate only through the database.
 
 How a trial that raises ends is one rule (:func:`mlrc.search.errors.ending`): interrupted —
 retried, not counted — for a signal (and, found by others, a lost worker or database); failed

@@ -1,5 +1,5 @@
 """The tracking interface: what a tracker is told of a study (:class:`Tracker`, :class:`StudyRun`),
-the tracker that logs nothing, several trackers at once (:class:`Composite`), and what the
+the tracker that logs nothing, and several trackers at once (:class:`Composite`). Also what the
 MLflow and W&B trackers share (:class:`BestEffort`, the run keys, the metric names)."""
 
 from __future__ import annotations
