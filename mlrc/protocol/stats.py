@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats
 
 
 def confidence_interval(
@@ -25,6 +24,8 @@ def confidence_interval(
         raise ValueError(f"a confidence interval needs at least 2 reproductions, got {x.size}")
     if not np.isfinite(x).all():
         raise ValueError("confidence interval over non-finite values")
+    from scipy import stats  # here, not at import: scipy.stats takes ~1 s to import
+
     n = x.size
     s = x.std(ddof=1)
     half_width = float(stats.t.ppf(0.5 + level / 2, n - 1) * s / np.sqrt(n))

@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from mlrc.protocol.scoring import higher_is_better
 from mlrc.report.layout import metric_label, row_label, table_blocks
@@ -99,6 +98,8 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     with fewer than two rows or when either side is all ties)."""
     if len(a) < 2 or len(set(a.tolist())) < 2 or len(set(b.tolist())) < 2:
         return math.nan, math.nan
+    from scipy import stats  # here, not at import: scipy.stats takes ~1 s to import
+
     result = stats.kendalltau(a, b, variant="b")
     return float(result.statistic), float(result.pvalue)
 

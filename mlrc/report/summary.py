@@ -11,7 +11,6 @@ import warnings
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from mlrc.protocol import confidence_interval
 from mlrc.protocol.scoring import higher_is_better
@@ -80,6 +79,8 @@ def welch_p(a: np.ndarray, b: np.ndarray) -> float:
     """Two-sided p-value of Welch's t-test; NaN when either side has fewer than 2 values."""
     if len(a) < 2 or len(b) < 2:
         return math.nan
+    from scipy import stats  # here, not at import: scipy.stats takes ~1 s to import
+
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
         return float(stats.ttest_ind(a, b, equal_var=False).pvalue)

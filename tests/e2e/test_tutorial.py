@@ -3,10 +3,9 @@ its ``bash`` blocks run in order, in an empty folder, with ``mlrc`` and ``python
 user has them (this interpreter). A block after ``<!-- tutorial: skip (why) -->`` needs what a
 test machine lacks (PostgreSQL and GPUs, a Ray cluster) and is not run; one after
 ``<!-- tutorial: slow -->`` trains and runs only in the slow test: 16 fold trainings of the cpu
-preset at 1 epoch, 2 folds. That takes about 4 minutes on 2 idle cores, 25 on a host shared
-with other jobs. The fast test runs the rest: the
-folder, ``data summary``/``data check`` and every ``campaign plan`` (which validates each file
-and trains nothing)."""
+preset at 1 epoch, 2 folds. That takes about 2 minutes on 2 idle cores. The same run checks what
+the rest prints: the folder, ``data summary``/``data check`` and every ``campaign plan`` (which
+validates each file and trains nothing)."""
 
 from __future__ import annotations
 
@@ -101,8 +100,8 @@ def test_the_page_has_what_the_tests_run():
     assert sum(b.tag == "slow" for b in found) >= 4
 
 
-def test_the_fast_commands_of_the_tutorial(tmp_path):
-    out = run_tutorial(tmp_path, slow=False)
+def check_the_fast_commands(out: dict[str, str]) -> None:
+    """What the commands that train nothing print (the folder, data summary, the plans)."""
     summary = out["python make_folder.py"]
     # what step 2 shows: the same split, line for line
     for line in [
@@ -132,7 +131,10 @@ def row(table: str, loss: str, n: int) -> bool:
 
 @pytest.mark.slow
 def test_the_whole_tutorial(tmp_path):
+    """Every block, in order; the fast ones' output is checked too (one run of the page: the
+    fast commands alone are `run_tutorial(folder, slow=False)`, for a quick look by hand)."""
     out = run_tutorial(tmp_path, slow=True)
+    check_the_fast_commands(out)
     table = out["mlrc report --campaign first --format md"]
     assert row(table, "contrastive", 2) and row(table, "multi_similarity", 2), table
     assert "Concat. MAP@R" in table

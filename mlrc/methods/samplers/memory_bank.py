@@ -27,8 +27,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import linalg
-from scipy.stats import wasserstein_distance
 
 from mlrc.methods.samplers.base import BatchSampler, register
 from mlrc.methods.samplers.m_per_class import ClassBalancedBatchSampler
@@ -90,6 +88,8 @@ def disthist_cost(big: np.ndarray, candidate: np.ndarray, bins: int = 50) -> flo
     h_big = distance_histogram(big_d, value_range, bins)
     h = distance_histogram(pairwise_distance_values(candidate), value_range, bins)
     centres = bin_centres(value_range, bins)
+    from scipy.stats import wasserstein_distance  # here: scipy.stats takes ~1 s to import
+
     w = wasserstein_distance(centres, centres, h, h_big) + wasserstein_distance(
         centres, centres, h_big, h
     )
@@ -111,6 +111,8 @@ def frechet_distance(big: np.ndarray, candidate: np.ndarray) -> float:
     cov_big = np.atleast_2d(np.cov(big.T))
     cov = np.atleast_2d(np.cov(candidate.T))
     eps = np.eye(len(cov)) * 1e-8
+    from scipy import linalg  # here, as scipy.stats above
+
     root = linalg.sqrtm((cov_big + eps) @ (cov + eps))
     diff = big.mean(0) - candidate.mean(0)
     return float(diff @ diff + np.trace(cov_big) + np.trace(cov) - 2.0 * np.trace(np.real(root)))
