@@ -150,11 +150,18 @@ def end_loader_workers() -> None:
     iterator when a traceback kept after an error still holds that iterator. ``multiprocessing``'s
     own exit handler ends daemonic children with SIGTERM, which these workers ignore, and then
     joins them: without this, the process would wait for them forever (they wait for it)."""
+    import contextlib
     import multiprocessing
+    import signal
 
-    for child in multiprocessing.active_children():
-        if child.daemon:
-            child.kill()
+    # torch's SIGCHLD handler raises when a loader worker dies: not now, at exit, for these kills
+    with contextlib.suppress(ValueError):  # ValueError: not the main thread
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    children = [c for c in multiprocessing.active_children() if c.daemon]
+    for child in children:
+        child.kill()
+    for child in children:
+        with contextlib.suppress(Exception):
             child.join(5)
 
 
