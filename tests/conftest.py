@@ -151,8 +151,9 @@ def _no_cpu_share_leaks():
 def _no_child_process_left():
     """A test leaves no non-daemon ``multiprocessing`` child running: the interpreter joins
     those at exit, so one left behind (a rank of a failed launch, a lock holder) would hang the
-    whole session after its summary. Killed here, and the test that left it fails, naming it. The SIGTERM and
-    SIGINT handlers an in-process launch installed (torch elastic's) are put back too."""
+    whole session after its summary. Killed here, and the test that left it fails, naming it.
+    The SIGTERM and SIGINT handlers an in-process launch installed (torch elastic's) are put
+    back too."""
     import multiprocessing
     import signal
 

@@ -146,7 +146,7 @@ def ignore_stop_signals(_worker_id: int) -> None:
 
 
 def end_loader_workers() -> None:
-    """At exit, SIGKILL the daemonic children (DataLoader workers) still alive. One outlives its
+    """At exit, SIGKILL the daemonic children still alive (in mlrc, DataLoader workers). One outlives its
     iterator when a traceback kept after an error still holds that iterator. ``multiprocessing``'s
     own exit handler ends daemonic children with SIGTERM, which these workers ignore, and then
     joins them: without this, the process would wait for them forever (they wait for it)."""

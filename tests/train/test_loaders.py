@@ -193,3 +193,4 @@ def test_a_process_exits_with_its_loader_workers_still_alive(tmp_path):
     except subprocess.TimeoutExpired:
         pytest.fail("the process hung at exit, joining its loader workers")
     assert out.returncode == 0 and "exiting" in out.stdout, out.stderr
+    assert "Exception ignored" not in out.stderr, out.stderr  # the exit hook ran to its end
