@@ -4,6 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS ?= dev,postgres,dashboard,tracking   # CI adds ax, onnx (.ci/run)
+# pytest-xdist processes for `make test`; each test file runs whole in one (module fixtures)
+TEST_PROCS ?= 2
 
 .PHONY: demo test lint venv clean
 
@@ -23,7 +25,7 @@ test: $(STAMP)
 	$(BIN)/ruff format --check mlrc tests bench
 	$(BIN)/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(abspath $(VENV))/site
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_PROCS) --dist loadfile --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check mlrc tests bench

@@ -36,6 +36,13 @@ if "MLRC_CACHE" not in os.environ:
 # would fail for the shell's reason. Ctrl-C works again in the suite and in its children.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# One torch thread per process. The suite runs as two processes (pytest-xdist, `make test`)
+# and many tests start more (pool workers, ranks): torch's default of one thread per core
+# spins in OpenMP barriers, and two such threads beside one busy process ran 8x slower than
+# one thread (tiny_cnn steps, 2 cores, measured). Set before torch is imported anywhere here;
+# children inherit it. The tests of thread counts themselves set their own.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 # The real Omniglot subset: a data part beside a developer's clone and in CI (never committed),
 # absent from a user's clone, where its tests skip. Besides it, only the check that
 # tests/fixtures/reference still copies the paper notes looks beside the clone.

@@ -53,7 +53,7 @@ def _shims(folder: Path) -> dict[str, str]:
         shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
     env = {**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["MLRC_THREADS"] = env.get("MLRC_THREADS", "2")
+    env["MLRC_THREADS"] = env.get("MLRC_THREADS", "1")  # one core per process (tests/conftest.py)
     env["COLUMNS"] = "200"  # rich's tables unwrapped, as on a wide terminal
     for key in ("MLRC_STORAGE", "MLRC_ARTIFACTS", "MLRC_DEVICE"):
         env.pop(key, None)

@@ -74,7 +74,6 @@ def fresh(tmp_path_factory) -> dict:
         "PIP_NO_INDEX": "1",
         "PYTHONNOUSERSITE": "1",
         "MLRC_CACHE": str(tmp / "cache"),
-        "OMP_NUM_THREADS": "4",  # a busy CI machine: fewer threads, less contention
     }
     for var in ("PYTHONPATH", "VIRTUAL_ENV", "MLRC_STORAGE", "MLRC_ARTIFACTS"):
         env.pop(var, None)

@@ -191,7 +191,9 @@ def epochs(url: str) -> list[tuple]:
         return sorted(s.execute(q).all())
 
 
-def test_a_fold_computes_the_same_alone_and_beside_other_mlrc_processes(tmp_path):
+def test_a_fold_computes_the_same_alone_and_beside_other_mlrc_processes(tmp_path, monkeypatch):
+    # torch's default here (the suite runs on one thread per process): every visible core
+    monkeypatch.setattr(threads, "initial_threads", threads.visible_cores)
     path = study_file(tmp_path, trials=1)
     alone = f"sqlite:///{tmp_path / 'alone.sqlite'}"
     run(path, alone, tmp_path / "a")
