@@ -49,6 +49,41 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 OMNIGLOT_DEFAULT = REPO.parent / "shared" / "datasets" / "omniglot" / "images_background_small1.zip"
 
 
+# The test files that take longest (over ~50 s each in a two-process run on 2 cores), heaviest
+# first. `make test` runs files on two processes in collection order (--dist loadfile): these
+# start first, so the two processes end together instead of one running a long file alone at
+# the end. A file missing here only costs balance.
+HEAVY_FIRST = [
+    "load/test_ranks_pool.py",
+    "e2e/test_invariants.py",
+    "load/test_ray.py",
+    "search/test_session.py",
+    "load/test_slurm.py",
+    "e2e/test_tutorial.py",
+    "load/test_pool.py",
+    "search/test_retention.py",
+    "search/test_settings.py",
+    "bad_inputs/test_crash_consistency.py",
+    "load/test_pool_load.py",
+    "search/test_export.py",
+    "e2e/test_wheel.py",
+    "report/test_dashboard.py",
+    "cli/test_cli.py",
+    "train/test_distributed.py",
+    "train/test_gpu_check.py",
+    "train/test_ranks.py",
+    "search/test_campaign_runner.py",
+    "train/test_gpu_bench.py",
+    "e2e/test_plugin_package.py",
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of HEAVY_FIRST first, in its order; the others keep theirs."""
+    rank = {str(TESTS / name): i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))
+
+
 def require(part_available: bool, why: str) -> None:
     """Skip (laptop) or fail (CI, MLRC_REQUIRE_ALL=1) when a real part the test needs is absent."""
     if part_available:
