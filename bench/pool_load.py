@@ -437,6 +437,8 @@ def verify(r: Run) -> dict[str, Any]:
     import optuna
     from optuna.trial import TrialState
 
+    from mlrc.search.backends.local import LOST_CLAIM
+
     dsn = conninfo(r.url)
     storage = optuna.storages.RDBStorage(r.url)
     try:
@@ -471,6 +473,11 @@ def verify(r: Run) -> dict[str, Any]:
         return seen < 20 and any(ends_complete(n, seen + 1) for n in retries.get(number, []))
 
     failed = [t for t in ts if t.state == TrialState.FAIL]
+
+    def lost_claim(t: optuna.trial.FrozenTrial) -> bool:
+        """Drawn while the study's lock was lost: not counted, never started (no mlrc row)."""
+        return t.user_attrs.get("reason") == LOST_CLAIM and t.number not in mlrc
+
     # every parameter of the space: those of any complete trial (all of them are drawn there)
     space = set().union(*(t.params for t in ts if t.state == TrialState.COMPLETE))
     killed = [n for k in r.kills for n in k["trials"]]
@@ -495,14 +502,21 @@ def verify(r: Run) -> dict[str, Any]:
         "running_or_waiting": states.get("RUNNING", 0) + states.get("WAITING", 0),
         "failed": len(failed),
         "failed_not_interrupted": [
-            t.number for t in failed if mlrc.get(t.number, ("?",))[0] != "interrupted"
+            t.number
+            for t in failed
+            if mlrc.get(t.number, ("?",))[0] != "interrupted" and not lost_claim(t)
         ],
         # A claim that died while drawing (a lost connection mid-suggest, retried by asking
-        # again) is not retried with its partial draw: the next claim draws at its position.
+        # again), or that lost the study's lock after it drew (the database restarted), is not
+        # retried with its draw: the next claim draws at its position.
         "failed_not_retried": [
-            t.number for t in failed if set(t.params) >= space and not ends_complete(t.number)
+            t.number
+            for t in failed
+            if set(t.params) >= space and not ends_complete(t.number) and not lost_claim(t)
         ],
-        "failed_while_drawing": [t.number for t in failed if set(t.params) < space],
+        "failed_while_drawing": [
+            t.number for t in failed if set(t.params) < space or lost_claim(t)
+        ],
         "killed_trials": killed,
         "killed_not_interrupted_and_retried": [
             n
@@ -604,7 +618,7 @@ def markdown(g: dict[str, Any], wrong: list[str], machine: str, command: str = "
         ("trials left RUNNING by a kill", g["killed_trials"]),
         ("Optuna FAIL trials (interrupted or lost: retried, or drawn again)", g["failed"]),
         (
-            "… of which died while drawing (drawn again at their position)",
+            "… of which died while drawing or lost the lock (drawn again at their position)",
             g["failed_while_drawing"],
         ),
         ("database restart: down (stop -m fast, 2 s, start), s", _fmt(g["restart_down_s"], 1)),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from typing import Any, TypeVar
@@ -106,13 +107,19 @@ class HeldFile:
         raise LockLost(f"{self.path}: the lock file is no longer locked")
 
 
+# How long recording a stop waits for a lock (Slurm's SIGKILL follows its SIGTERM after 30 s).
+STOPPING_WAIT_S = 10.0
+
+
 @contextmanager
-def advisory_lock(engine: Engine, name: str) -> Iterator[HeldLock]:
+def advisory_lock(engine: Engine, name: str, stopping: bool = False) -> Iterator[HeldLock]:
     """A cluster-wide mutex named ``name`` (PostgreSQL advisory lock, released on disconnect,
     so a killed holder never blocks the others), held on a connection of its own; the block
     gets a :class:`HeldLock` to check that it still holds it. Waiting for it polls
     (``pg_try_advisory_lock``, every 10 ms growing to 100 ms), looking for a stop signal each
-    time. On SQLite a no-op: one process per study."""
+    time — unless ``stopping``: the caller records a stop already received (a trial
+    interrupted), so the wait goes on through it, for at most :data:`STOPPING_WAIT_S` seconds
+    (then :class:`StoreError`). On SQLite a no-op: one process per study."""
     if engine.dialect.name != "postgresql":
         yield HeldLock()
         return
@@ -121,10 +128,15 @@ def advisory_lock(engine: Engine, name: str) -> Iterator[HeldLock]:
     key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
     conn = retry(engine.connect, engine, "taking a lock")
     try:
-        wait_s = 0.01
+        wait_s, deadline = 0.01, time.monotonic() + STOPPING_WAIT_S
         while not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
             conn.commit()
-            sleep_or_stop(wait_s)
+            if not stopping:
+                sleep_or_stop(wait_s)
+            elif time.monotonic() < deadline:
+                time.sleep(wait_s)
+            else:
+                raise StoreError(f"the lock {name!r} was not free within {STOPPING_WAIT_S} s")
             wait_s = min(0.1, 2 * wait_s)
         conn.commit()
         yield HeldLock(conn, key, name)

@@ -13,17 +13,24 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import signal
+import threading
+import time
 
 import optuna
+import psycopg
 import pytest
 import yaml
+from optuna.trial import TrialState
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
 from mlrc import search as S
 from mlrc import store
 from mlrc.config import load_study
+from mlrc.errors import forget_stop_signals, note_stop_signal
 from mlrc.search.backends import local
-from mlrc.search.errors import StudyError
+from mlrc.search.errors import Interrupted, StudyError
 from mlrc.search.heartbeat import recover_unbeaten
 
 OVERRIDES = {"max_epochs": 1, "iterations_per_epoch": 2, "patience": {"default": 1}, "folds": 2}
@@ -68,6 +75,28 @@ def test_a_terminated_lock_connection_is_a_lost_lock(fresh_database):
         with store.advisory_lock(engine, "mlrc-study:x") as again:  # freed: another takes it
             again.check()
     engine.dispose()
+
+
+def test_a_stopping_wait_for_a_lock_goes_through_the_stop_and_then_gives_up(
+    fresh_database, monkeypatch
+):
+    monkeypatch.setattr(store.engine, "STOPPING_WAIT_S", 0.5)
+    engine = store.connect(fresh_database)
+    note_stop_signal(signal.SIGTERM)
+    try:
+        with store.advisory_lock(engine, "mlrc-study:x", stopping=True):
+            start = time.monotonic()
+            with (
+                pytest.raises(store.StoreError, match="'mlrc-study:x' was not free within 0.5 s"),
+                store.advisory_lock(engine, "mlrc-study:x", stopping=True),
+            ):
+                pass
+            assert time.monotonic() - start >= 0.5
+            with pytest.raises(KeyboardInterrupt), store.advisory_lock(engine, "mlrc-study:x"):
+                pass  # without ``stopping``, the stop ends the wait at once
+    finally:
+        forget_stop_signals()
+        engine.dispose()
 
 
 @pytest.mark.parametrize("when", ["before_ask", "after_ask", "rival"])
@@ -155,3 +184,111 @@ def test_a_sqlite_claim_whose_lock_file_is_gone_stops_the_run_in_one_line(tmp_pa
     storage = store.optuna_storage(url)
     [t] = optuna.load_study(study_name="lost_file", storage=storage).get_trials()
     assert (t.state.name, t.user_attrs["reason"]) == ("FAIL", local.LOST_CLAIM)  # not counted
+
+
+def _lose_the_answer(storage, who: str, fired: list[int]):  # noqa: ANN001, ANN202
+    """``storage`` whose first COMPLETE of a trial goes wrong. ``own``: it commits, then its
+    answer is lost with the connection — SQLAlchemy's OperationalError (connection invalidated)
+    inside Optuna's session, raised as Optuna does, as ``StorageInternalError`` from it.
+    ``rival``: just before it, another worker declares the trial lost (FAIL)."""
+    set_state = storage.set_trial_state_values
+
+    def faulty(trial_id, state, values=None):  # noqa: ANN001, ANN202
+        if fired or state != TrialState.COMPLETE:
+            return set_state(trial_id, state, values)
+        fired.append(trial_id)
+        if who == "rival":
+            set_state(trial_id, TrialState.FAIL)
+            return set_state(trial_id, state, values)  # UpdateFinishedTrialError
+        set_state(trial_id, state, values)
+        closed = psycopg.OperationalError("server closed the connection unexpectedly")
+        lost = OperationalError("COMMIT", {}, closed, connection_invalidated=True)
+        raise optuna.exceptions.StorageInternalError(
+            "An exception is raised during commit"
+        ) from lost
+
+    storage.set_trial_state_values = faulty
+    return storage
+
+
+@pytest.mark.parametrize("who", ["own", "rival"])
+def test_a_tell_whose_answer_is_lost_keeps_what_landed(
+    tmp_path, fresh_database, monkeypatch, caplog, who
+):
+    """The pool-of-8 bench once ended with Optuna 200 complete, mlrc 199: a tell committed during
+    a database restart, its retry found the trial finished and took it for one declared lost."""
+    name, fired = f"tell_{who}", []
+    heartbeat_storage = local.heartbeat_storage
+    monkeypatch.setattr(
+        local,
+        "heartbeat_storage",
+        lambda *a, **k: _lose_the_answer(heartbeat_storage(*a, **k), who, fired),
+    )
+    with (
+        S.open_study(_study(tmp_path, name), fresh_database, tmp_path / "a", progress=False) as ctx,
+        caplog.at_level(logging.INFO, logger="mlrc"),
+    ):
+        ostudy = S.run_search(ctx)
+    assert fired
+    trials = {t.number: t for t in ostudy.get_trials()}
+    engine = create_engine(fresh_database)
+    with engine.connect() as c:
+        rows = c.execute(text("SELECT number, state, reason, value FROM mlrc_trial")).all()
+    engine.dispose()
+    mlrc = {n: (state, reason, value) for n, state, reason, value in rows}
+    complete = sorted(n for n, t in trials.items() if t.state.name == "COMPLETE")
+    assert complete == sorted(n for n, m in mlrc.items() if m[0] == "complete")
+    assert len(complete) == 2 and "RUNNING" not in {t.state.name for t in trials.values()}
+    for n in complete:
+        assert mlrc[n][2] == trials[n].value
+    if who == "own":  # kept: complete in both tables, nothing retried
+        assert complete == [0, 1] and "declared lost" not in caplog.text
+        assert "trial 0 was recorded before the connection dropped" in caplog.text
+    else:  # dropped: interrupted in mlrc's table, its parameters retried
+        assert trials[0].state.name == "FAIL"
+        assert mlrc[0][:2] == ("interrupted", "declared lost: retried")
+        [retry] = [t for t in trials.values() if t.user_attrs.get("retry_of") == 0]
+        assert retry.number in complete and retry.params == trials[0].params
+
+
+def test_a_stop_while_another_worker_holds_the_lock_still_records_the_trial(
+    tmp_path, fresh_database, monkeypatch, caplog
+):
+    """A SIGTERM (Slurm's scancel) reaches a worker while another holds the study's lock (it is
+    claiming): recording the interruption waits for the lock through the stop, instead of the
+    stop cutting the wait short and leaving the trial RUNNING until its heartbeat goes stale."""
+    name, held = "stop_waits", threading.Event()
+    run_objective = local.run_objective
+
+    def stopped_while_locked(ctx, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        def rival() -> None:  # another worker's claim, holding the lock for 1.5 s
+            with store.advisory_lock(ctx.engine, f"mlrc-study:{name}"):
+                held.set()
+                time.sleep(1.5)
+
+        threading.Thread(target=rival, daemon=True).start()
+        held.wait(10)
+        note_stop_signal(signal.SIGTERM)  # as the CLI's handler does
+        return run_objective(ctx, *args, **kwargs)  # its first step raises the stop
+
+    monkeypatch.setattr(local, "run_objective", stopped_while_locked)
+    try:
+        with (
+            S.open_study(
+                _study(tmp_path, name), fresh_database, tmp_path / "a", progress=False
+            ) as ctx,
+            caplog.at_level(logging.WARNING, logger="mlrc"),
+            pytest.raises(Interrupted, match="trial 0"),
+        ):
+            S.run_search(ctx)
+    finally:
+        forget_stop_signals()
+    assert "not recorded as interrupted" not in caplog.text
+    ostudy = optuna.load_study(study_name=name, storage=store.optuna_storage(fresh_database))
+    t = ostudy.trials[0]  # its retry, enqueued, waits for the next run
+    assert t.state.name == "FAIL" and t.user_attrs["reason"].startswith("interrupted")
+    engine = create_engine(fresh_database)
+    with engine.connect() as c:
+        [state] = c.execute(text("SELECT state FROM mlrc_trial WHERE number = 0")).scalars()
+    engine.dispose()
+    assert state == "interrupted"

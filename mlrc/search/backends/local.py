@@ -120,7 +120,7 @@ def run_search(
         except RankLost as e:  # recorded interrupted and retried: this worker goes on
             log.warning("trial %d interrupted (%s): retried", claim.trial.number, e)
             continue
-        tell_optuna(ctx, ostudy, claim, value, reason, sem)
+        tell_optuna(ctx, ostudy, storage, claim, value, reason, sem)
 
 
 def _prepare(ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int) -> None:
@@ -223,6 +223,7 @@ def _drop_lost_claim(
 def tell_optuna(
     ctx: StudySession,
     ostudy: optuna.Study,
+    storage: Any,
     claim: _Claim,
     value: float | None,
     reason: str | None,
@@ -250,17 +251,42 @@ def tell_optuna(
     except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError) as e:
         if isinstance(e, store.StoreError):
             raise
-        # Another worker declared this trial lost (no heartbeat for the grace period, e.g. a
-        # long network cut) and retries its parameters; the finished folds are reused there.
-        log.warning("trial %d was declared lost while it ran: %s", claim.trial.number, e)
-        finish_trial(ctx, claim.trial.number, "interrupted", None, None, "declared lost: retried")
-        return
+        if not _told_already(ctx, storage, claim, value, reason):
+            # Another worker declared this trial lost (no heartbeat for the grace period, e.g. a
+            # long network cut) and retries its parameters; the finished folds are reused there.
+            log.warning("trial %d was declared lost while it ran: %s", claim.trial.number, e)
+            finish_trial(
+                ctx, claim.trial.number, "interrupted", None, None, "declared lost: retried"
+            )
+            return
     if reason is not None and value is not None:
         log.warning("trial %d scored %g: %s", claim.trial.number, value, reason)
     elif reason is not None and reason.startswith(PRUNED):
         log.info("trial %d %s", claim.trial.number, reason)
     elif reason is not None:
         log.warning("trial %d failed: %s", claim.trial.number, reason)
+
+
+def _told_already(
+    ctx: StudySession, storage: Any, claim: _Claim, value: float | None, reason: str | None
+) -> bool:
+    """Did this worker's own tell land, its commit's answer lost with the connection (the retried
+    tell then finds the trial finished)? Only this worker completes its trial, and another
+    worker ends it as FAIL with a reason of its own, never this one's."""
+    t = store.retry(
+        lambda: storage.get_trial(claim.trial_id),
+        ctx.engine,
+        f"reading trial {claim.trial.number}",
+    )
+    if value is not None:
+        told = t.state == TrialState.COMPLETE and t.value == value
+    elif reason is not None and reason.startswith(PRUNED):
+        told = t.state == TrialState.PRUNED
+    else:
+        told = t.state == TrialState.FAIL and t.user_attrs.get("reason") == reason
+    if told:
+        log.info("trial %d was recorded before the connection dropped", claim.trial.number)
+    return told
 
 
 def _enqueue_once(ostudy: optuna.Study, enqueue: list[dict[str, Any]]) -> None:
@@ -305,7 +331,7 @@ def _record_interrupt(
     """The claimed trial, if still RUNNING, as interrupted now with ``reason`` (a failure here
     is only logged)."""
     try:
-        with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
+        with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}", stopping=True):
             t = storage.get_trial(claim.trial_id)
             if t.state == TrialState.RUNNING:
                 retry_interrupted(ctx, ostudy, storage, study_id, t, reason)

@@ -322,7 +322,7 @@ def _interrupted(
     recovers them)."""
     numbers = []
     try:
-        with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
+        with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}", stopping=True):
             for t in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
                 ours = str(t.user_attrs.get("worker", "")).startswith("ray:")  # not a pool's
                 if ours and trials.trial_state(ctx.engine, ctx.study_id, t.number) == "running":
