@@ -138,9 +138,9 @@ class Timers:
         lock = mlrc.store.advisory_lock
 
         @contextlib.contextmanager
-        def timed_lock(engine: Any, name: str) -> Any:
+        def timed_lock(engine: Any, name: str, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
-            with lock(engine, name) as held:  # the HeldLock its claims check (#38)
+            with lock(engine, name, **kwargs) as held:  # the HeldLock its claims check (#38)
                 if threading.current_thread() is threading.main_thread():
                     self.seconds["lock wait"] += time.perf_counter() - t0
                 yield held

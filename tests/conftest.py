@@ -100,9 +100,7 @@ def omniglot_zip() -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def postgres_server():
-    """A real throwaway PostgreSQL server on a free local port (as user `postgres` under root)."""
+def _throwaway_server():  # noqa: ANN202 — a generator of one server
     from mlrc.store.throwaway import PostgresUnavailable, throwaway_postgres
 
     try:
@@ -110,6 +108,19 @@ def postgres_server():
             yield server
     except PostgresUnavailable as e:
         require(False, str(e))
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real throwaway PostgreSQL server on a free local port (as user `postgres` under root)."""
+    yield from _throwaway_server()
+
+
+@pytest.fixture
+def own_postgres_server():
+    """A server of the test's own, which it may stop (the session's is shared by the tests of
+    one process)."""
+    yield from _throwaway_server()
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import re
+import signal
+
 from mlrc.config import ConfigError
 from mlrc.data.base import DatasetError
 from mlrc.errors import interrupt_behind
@@ -18,6 +21,7 @@ __all__ = [
     "StudyError",
     "ending",
     "failure_reason",
+    "loader_lost",
     "rank_lost",
     "interrupt_behind",
 ]
@@ -90,6 +94,9 @@ def ending(e: BaseException) -> tuple[str, str | None]:
     lost = rank_lost(e)
     if lost is not None:
         return INTERRUPTED, f"{INTERRUPTED}: {lost}"
+    loader = loader_lost(e)
+    if loader is not None:
+        return INTERRUPTED, f"{INTERRUPTED}: {loader}"
     return "failed", failure_reason(e)
 
 
@@ -99,4 +106,28 @@ def rank_lost(e: BaseException) -> RankLost | None:
     for x in (e, cause):
         if isinstance(x, RankLost):
             return x
+    return None
+
+
+# PyTorch's words (its SIGCHLD handler) for a DataLoader process that a signal ended; the names
+# are strsignal's. Only the signals sent from outside (the OOM killer, scancel, kill): a loader
+# that crashes (SIGSEGV, SIGABRT) fails its trial as any error does.
+_LOADER_KILLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.]+)\.")
+_FROM_OUTSIDE = {
+    signal.strsignal(s): s.name for s in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
+}
+
+
+def loader_lost(e: BaseException) -> str | None:
+    """``data loader process PID ended by SIGKILL`` when ``e``, or an error it was raised from,
+    says a DataLoader process of the work was ended from outside: interrupted and retried (as
+    a lost rank), not a failure of the trial's parameters. None otherwise."""
+    x: BaseException | None = e
+    for _ in range(6):
+        if x is None:
+            return None
+        m = _LOADER_KILLED.search(str(x))
+        if m and m[2] in _FROM_OUTSIDE:
+            return f"data loader process {m[1]} ended by {_FROM_OUTSIDE[m[2]]}"
+        x = x.__cause__ or x.__context__
     return None

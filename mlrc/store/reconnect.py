@@ -148,10 +148,33 @@ def _warn(message: str, subject: str) -> Callable[[RetryCallState], None]:
     return note
 
 
+# A server that answers so is restarting: a worker that starts meanwhile waits for it
+_RESTARTING = (
+    "the database system is shutting down",
+    "the database system is starting up",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+)
+
+
+class _Window:
+    """How long a connection is retried: ``s`` seconds from now (lengthened once the server
+    says it is restarting)."""
+
+    def __init__(self, s: float) -> None:
+        self.s, self.start = s, time.monotonic()
+
+    def left(self) -> float:
+        return self.start + self.s - time.monotonic()
+
+    def over(self, rs: RetryCallState) -> bool:  # tenacity's stop_before_delay, with ``s`` now
+        return self.left() - (rs.upcoming_sleep or 0.0) <= 0
+
+
 def retry_connects(engine: Engine, first_s: float = 5.0, connected: bool = False) -> Engine:
     """Make every new connection of ``engine`` retry with exponential backoff (0.5 s → 30 s):
-    for ``first_s`` seconds before the first success (a typo fails fast), then for
-    :func:`reconnect_window_s` (a restarted server is waited for). With ``pool_pre_ping`` this
+    for ``first_s`` seconds before the first success (a typo fails fast) unless the server says
+    it is restarting, then for :func:`reconnect_window_s` (a restarted server is waited for). With ``pool_pre_ping`` this
     turns a database restart into a pause. Messages never contain the password.
 
     A refused login (wrong password or user, no such database) is not retried, and a failed
@@ -166,14 +189,19 @@ def retry_connects(engine: Engine, first_s: float = 5.0, connected: bool = False
 
     @event.listens_for(engine, "do_connect")
     def _connect(dialect: Any, conn_rec: Any, cargs: Any, cparams: Any) -> Any:
-        window = reconnect_window_s() if state["connected"] else first_s
-        deadline = time.monotonic() + window
+        window = _Window(reconnect_window_s() if state["connected"] else first_s)
         unreachable = dialect.loaded_dbapi.OperationalError
+
+        def retried(e: BaseException) -> bool:
+            if not isinstance(e, unreachable) or _refused(e):
+                return False
+            if any(marker in db_error_line(e) for marker in _RESTARTING):
+                window.s = max(window.s, reconnect_window_s())  # not a typo: a restart
+            return True
 
         def bound_attempt(_: RetryCallState) -> None:  # each attempt: the window left, 2 to 10 s
             if dialect.name == "postgresql" and not timeout_preset:
-                left = math.ceil(deadline - time.monotonic())
-                cparams["connect_timeout"] = max(2, min(10, left))
+                cparams["connect_timeout"] = max(2, min(10, math.ceil(window.left())))
 
         def attempt() -> Any:
             conn = dialect.loaded_dbapi.connect(*cargs, **cparams)
@@ -182,9 +210,9 @@ def retry_connects(engine: Engine, first_s: float = 5.0, connected: bool = False
 
         try:
             return Retrying(
-                retry=retry_if_exception(lambda e: isinstance(e, unreachable) and not _refused(e)),
+                retry=retry_if_exception(retried),
                 wait=_BACKOFF,
-                stop=stop_before_delay(window),
+                stop=window.over,
                 before=bound_attempt,
                 before_sleep=_warn("database %s unreachable (%s); retrying in %.1f s", where),
                 sleep=sleep_or_stop,  # a stop signal ends the wait within 0.1 s

@@ -6,12 +6,12 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from mlrc.data.base import ImageDataset
 from mlrc.data.transforms import batch_to_trunk_input
 from mlrc.errors import raise_if_stopped
-from mlrc.train.loaders import ignore_stop_signals
+from mlrc.train.loaders import CheckedLoader, ignore_stop_signals
 from mlrc.train.model import Model
 
 
@@ -73,7 +73,7 @@ def embed_tensors(
     model.eval()
     out, labels = [], []
     loader = (
-        DataLoader(
+        CheckedLoader(
             dataset,
             batch_size=batch_size,
             num_workers=num_workers,

@@ -31,6 +31,9 @@ from __future__ import annotations
 import atexit
 import multiprocessing.util  # noqa: F401  (its exit handler first: see the end)
 import random
+import signal
+import threading
+import time
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
@@ -38,7 +41,14 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, get_worker_info
 
-__all__ = ["FoldLoader", "worker_seed_state"]
+from mlrc.train.ranks import RankLost
+
+__all__ = ["CheckedLoader", "FoldLoader", "LoaderLost", "killed_worker", "worker_seed_state"]
+
+
+class LoaderLost(RankLost):
+    """A loader process of the fold was ended from outside (the OOM killer, a kill): like a
+    lost rank, the trial is interrupted and retried, and the worker goes on."""
 
 
 class FoldLoader:
@@ -64,7 +74,7 @@ class FoldLoader:
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self._epoch = _EpochSeed()
-        self._loader = DataLoader(
+        self._loader = CheckedLoader(
             _SeededDataset(dataset),
             batch_sampler=_SeededBatches(batch_sampler, self._epoch),
             num_workers=num_workers,
@@ -81,6 +91,73 @@ class FoldLoader:
         # the draw a fresh DataLoader iterator makes from the global RNG (see module docstring)
         self._epoch.seed = int(torch.empty((), dtype=torch.int64).random_().item())
         return iter(self._loader)
+
+
+class CheckedLoader(DataLoader):
+    """A ``DataLoader`` whose loader process ended from outside (SIGKILL, SIGTERM, SIGINT: the
+    OOM killer, a kill) is :class:`LoaderLost` at the next batch — interrupted and retried,
+    as a lost rank — not an error of the trial; every other error is raised as it is."""
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.num_workers == 0:
+            return super().__iter__()
+        try:
+            it = super().__iter__()  # a persistent iterator's reset awaits its first batches
+        except Exception as e:
+            _raise_if_lost(getattr(self, "_iterator", None), e)
+            raise
+        _quiet_sigchld()
+        return _loader_lost_checked(it)
+
+
+def _quiet_sigchld() -> None:
+    """torch's SIGCHLD handler (installed by the first multi-process iterator) raises a dead
+    loader's error at whatever bytecode the main thread runs — a database write, a weakref
+    callback — never at a place that can record it. Without it torch still finds the loader
+    dead at the next batch (a broken pipe, or its liveness check), where this module looks."""
+    handler = signal.getsignal(signal.SIGCHLD)
+    torch_s = callable(handler) and getattr(handler, "__module__", "").startswith("torch.")
+    if torch_s and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+def _loader_lost_checked(it: Any) -> Iterator[Any]:
+    """``it``'s batches; an error while one is awaited (a broken pipe, or torch's "exited
+    unexpectedly", as it happens) is :class:`LoaderLost` when one of its loader processes was
+    ended from outside (looked for during 1 s: its pipe closes just before it ends)."""
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except Exception as e:
+            _raise_if_lost(it, e)
+            raise
+        yield batch
+
+
+def _raise_if_lost(it: Any, e: Exception) -> None:
+    """:class:`LoaderLost` from ``e`` if a process of the iterator ``it`` was ended from
+    outside (looked for during 1 s: its pipe closes just before it ends)."""
+    deadline = time.monotonic() + 1.0
+    while (lost := killed_worker(it)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if lost is not None:
+        raise LoaderLost(lost) from e
+
+
+_FROM_OUTSIDE = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
+
+
+def killed_worker(it: Any) -> str | None:
+    """``data loader process PID ended by SIGKILL`` for a process of the DataLoader iterator
+    ``it`` that one of :data:`_FROM_OUTSIDE` ended, else None. torch keeps its processes in
+    the iterator's ``_workers`` and offers no public way to them: read with ``getattr``."""
+    for w in getattr(it, "_workers", ()):
+        code = w.exitcode  # polls (reaps) the process: a negative code is the signal's number
+        if code is not None and -code in _FROM_OUTSIDE:
+            return f"data loader process {w.pid} ended by {signal.Signals(-code).name}"
+    return None
 
 
 def worker_seed_state(seed: int, worker_id: int) -> np.ndarray:

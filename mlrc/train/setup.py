@@ -40,7 +40,7 @@ from mlrc.train.distributed import (
     sync_batchnorm,
 )
 from mlrc.train.embed import IndexedView, View
-from mlrc.train.loaders import FoldLoader, ignore_stop_signals
+from mlrc.train.loaders import CheckedLoader, FoldLoader, ignore_stop_signals
 from mlrc.train.model import Model, build_model
 from mlrc.train.numerics import apply_numerics, bind_device
 from mlrc.train.spec import FoldSpec
@@ -158,8 +158,8 @@ def make_loaders(
         )
     opts["worker_init_fn"] = ignore_stop_signals
     return (
-        DataLoader(IndexedView(train_set), batch_sampler=sampler, **opts),
-        DataLoader(val_set, batch_size=p.eval_batch_size, **opts),
+        CheckedLoader(IndexedView(train_set), batch_sampler=sampler, **opts),
+        CheckedLoader(val_set, batch_size=p.eval_batch_size, **opts),
     )
 
 

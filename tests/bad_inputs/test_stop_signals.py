@@ -8,6 +8,7 @@ started with the signal blocked, a database outage whose retry backs off for min
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -195,3 +196,73 @@ def test_loader_workers_leave_stop_signals_to_their_parent():
     [batch] = list(loader)
     assert batch.all().item()
     del loader
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.is_file() else []
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["per-epoch", "fold-long"])
+def test_a_loader_process_killed_from_outside_interrupts_and_retries_its_trial(
+    tmp_path, caplog, persistent
+):
+    """The OOM killer (or a kill) ends a DataLoader process mid-fold: not a failure of the
+    trial's parameters — interrupted and retried, as a lost rank — and the run goes on."""
+    import logging
+    import threading
+
+    import optuna
+    import yaml
+
+    from mlrc import search as S
+    from mlrc.config import load_study
+
+    doc = {
+        "name": "loader",
+        "dataset": {"name": "glyphs", "params": {"size": 24}},
+        "preset": "cpu",
+        "loss": {"name": "contrastive"},
+        "search": {"trials": 2, "sampler": "tpe", "seed": 3},
+        "overrides": {
+            **{"max_epochs": 1, "iterations_per_epoch": 100, "folds": 2, "num_workers": 1},
+            **{"patience": {"default": 1}, "image": {"resize": 18, "crop": 16}},
+            "persistent_workers": persistent,
+        },
+    }
+    path = tmp_path / "loader.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    killed: list[int] = []
+
+    def kill_the_first_loader() -> None:  # a forked child of this process (not a git call)
+        me = Path("/proc/self/cmdline").read_bytes()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for c in set(_children(os.getpid())) - earlier:  # not an earlier test's
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{c}/cmdline").read_bytes() == me:
+                        time.sleep(0.3)  # mid-fold
+                        os.kill(c, signal.SIGKILL)
+                        killed.append(c)
+                        return
+            time.sleep(0.01)
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    earlier = set(_children(os.getpid()))
+    thread = threading.Thread(target=kill_the_first_loader, daemon=True)
+    with (
+        S.open_study(load_study(path), url, tmp_path / "a", progress=False) as ctx,
+        caplog.at_level(logging.WARNING, logger="mlrc"),
+    ):
+        thread.start()
+        S.run_search(ctx)
+    thread.join()
+    assert killed
+    trials = optuna.load_study(study_name="loader", storage=url).get_trials()
+    [lost] = [t for t in trials if t.state.name == "FAIL"]
+    reason = f"interrupted: data loader process {killed[0]} ended by SIGKILL"
+    assert lost.user_attrs["reason"] == reason, caplog.text
+    assert f"trial {lost.number} interrupted (data loader process {killed[0]}" in caplog.text
+    [retry] = [t for t in trials if t.user_attrs.get("retry_of") == lost.number]
+    assert retry.state.name == "COMPLETE" and retry.params == lost.params
+    assert sum(t.state.name == "COMPLETE" for t in trials) == 2

@@ -440,3 +440,57 @@ def test_processes_creating_a_fresh_sqlite_store_at_once_all_succeed(tmp_path):
     ]
     errors = [p.stderr.read() for p in procs if p.wait() != 0]
     assert errors == []
+
+
+def test_a_first_connection_during_a_database_restart_waits_for_it(
+    own_postgres_server, monkeypatch, caplog
+):
+    """A worker that starts while the database restarts (a pool bench's replacement worker once
+    exited 2 so): the server's "shutting down" is no typo, so the first connection waits the
+    long window. A smart shutdown held by one open session keeps the server saying so."""
+    import threading
+
+    import psycopg
+    from sqlalchemy.engine import Engine
+
+    monkeypatch.setenv("MLRC_DB_RETRY_S", "60")
+    server = own_postgres_server
+    url = server.new_database()
+    holder = psycopg.connect(f"host=127.0.0.1 port={server.port} user=mlrc dbname=postgres")
+    stopper = threading.Thread(target=server.stop, kwargs={"mode": "smart"})
+    stopper.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "shutting down" not in _refusal(server.port):
+        time.sleep(0.1)
+    result: list = []
+    t0 = time.monotonic()
+    connector = threading.Thread(target=lambda: result.append(_connect(url)))
+    connector.start()
+    time.sleep(2)
+    holder.close()  # the server stops: "Connection refused" from here on
+    stopper.join()
+    time.sleep(max(0.0, 7 - (time.monotonic() - t0)))  # past the 5 s of a first connection
+    server.start()
+    connector.join(60)
+    [engine] = result
+    assert isinstance(engine, Engine), engine
+    assert time.monotonic() - t0 > 7
+    assert any("shutting down" in r.getMessage() for r in caplog.records)
+    engine.dispose()
+
+
+def _refusal(port: int) -> str:
+    import psycopg
+
+    try:
+        psycopg.connect(f"host=127.0.0.1 port={port} user=mlrc dbname=postgres").close()
+    except psycopg.OperationalError as e:
+        return str(e)
+    return ""
+
+
+def _connect(url: str):  # noqa: ANN202 — the engine, or the error it raised
+    try:
+        return store.connect(url)
+    except Exception as e:  # noqa: BLE001
+        return e

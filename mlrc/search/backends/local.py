@@ -313,6 +313,8 @@ def _recorded_on_exit(
         how, reason = ending(e)
         if how == INTERRUPTED:
             _record_interrupt(ctx, ostudy, storage, study_id, claim, reason or INTERRUPTED)
+            if reason is not None and not isinstance(e, RankLost):  # a loader killed: as a rank
+                raise RankLost(reason.removeprefix(f"{INTERRUPTED}: ")) from e
             if not isinstance(e, Interrupted | RankLost):
                 raise Interrupted(claim.trial.number) from e
         elif how == "failed":
