@@ -105,8 +105,8 @@ class Timers:
 
         return timed
 
-    def install(self) -> None:
-        """Time mlrc's row writes (``mlrc.store.studies``, ``trials``, ``results``), Optuna's storage (RDBStorage) and the
+    def install(self, noop: bool = True) -> None:
+        """(``noop``: the fold trainer that trains nothing.) Time mlrc's row writes (``mlrc.store.studies``, ``trials``, ``results``), Optuna's storage (RDBStorage) and the
         wait for the study's advisory lock; count the trials started (``start_trial``)."""
         import optuna
 
@@ -114,7 +114,8 @@ class Timers:
         import mlrc.store
         from mlrc.store import results, studies, trials
 
-        folds.train_fold = noop_train_fold
+        if noop:
+            folds.train_fold = noop_train_fold
         for module in (studies, trials, results):
             for name in dir(module):
                 fn = getattr(module, name)
@@ -154,10 +155,12 @@ class Timers:
         }
 
 
-def _child_main(args: list[str], log: Path, stats: Path, cache: Path, hook: Any = None) -> None:
-    """The forked worker: fresh signal dispositions and logging, the no-op trainer and the
-    timers, ``hook()`` if given (a test plants a kill with it), then ``mlrc ARGS``; writes its
-    timers to ``stats`` and never returns."""
+def _child_main(
+    args: list[str], log: Path, stats: Path, cache: Path, hook: Any = None, noop: bool = True
+) -> None:
+    """The forked worker: fresh signal dispositions and logging, the no-op trainer (unless not
+    ``noop``) and the timers, ``hook()`` if given (a test plants a kill with it, the soak blocks
+    SIGTERM), then ``mlrc ARGS``; writes its timers to ``stats`` and never returns."""
     code = 1
     try:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -170,7 +173,7 @@ def _child_main(args: list[str], log: Path, stats: Path, cache: Path, hook: Any 
         logging.root.handlers.clear()  # a parent's handlers (pytest's capture): the worker's own
         os.environ["MLRC_CACHE"] = str(cache)  # this run's worker lock files (cpu shares)
         timers = Timers()
-        timers.install()
+        timers.install(noop)
         if hook is not None:
             hook()
         code = _mlrc(args)
@@ -221,12 +224,14 @@ class Worker:
         return self.log.read_text(errors="replace")
 
 
-def fork_worker(index: int, args: list[str], tmp: Path, hook: Any = None) -> Worker:
+def fork_worker(
+    index: int, args: list[str], tmp: Path, hook: Any = None, noop: bool = True
+) -> Worker:
     """``mlrc ARGS`` in a child forked from this process (log and timers in ``tmp``)."""
     log, stats = tmp / f"worker{index}.log", tmp / f"worker{index}.json"
     pid = os.fork()
     if pid == 0:
-        _child_main(args, log, stats, tmp / "cache", hook)
+        _child_main(args, log, stats, tmp / "cache", hook, noop)
     return Worker(index, pid, log, stats)
 
 
@@ -392,20 +397,20 @@ def run(
             break
     out.wall_s = time.monotonic() - t0
     out.stats = _worker_stats(out.pool)
-    out.logs = _log_events(out.pool)
+    out.logs = log_events(out.pool)
     return out
 
 
 LOG_EVENTS = {  # the workers' warnings, counted over the pool
     "trials retried after a missed heartbeat": "no heartbeat for more than",
     "claims that died before their first heartbeat": "stopped before its first heartbeat",
-    "results dropped (trial declared lost while it ran)": "was declared lost while it ran",
+    "results dropped (trial declared lost while it ran)": "was declared lost",
     "database calls retried after a lost connection": "connection lost",
     "failed reconnection attempts": "unreachable",
 }
 
 
-def _log_events(pool: list[Worker]) -> dict[str, int]:
+def log_events(pool: list[Worker]) -> dict[str, int]:
     lines = [
         line
         for w in pool

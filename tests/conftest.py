@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import atexit
+import functools
+import importlib.util
 import os
 import shutil
 import signal
@@ -65,6 +67,7 @@ HEAVY_FIRST = [
     "search/test_settings.py",
     "bad_inputs/test_crash_consistency.py",
     "load/test_pool_load.py",
+    "load/test_soak.py",
     "search/test_export.py",
     "e2e/test_wheel.py",
     "report/test_dashboard.py",
@@ -82,6 +85,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files of HEAVY_FIRST first, in its order; the others keep theirs."""
     rank = {str(TESTS / name): i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(str(item.path), len(rank)))
+
+
+@functools.cache
+def bench_module(name: str):  # noqa: ANN201 — the module
+    """``bench/<name>.py`` as a module (bench/ is not a package), imported once."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def require(part_available: bool, why: str) -> None:

@@ -71,9 +71,12 @@ def _temp_path(path: Path) -> Path:
 
 def atomic_save(obj: Any, path: Path) -> None:
     """Write ``obj`` to ``path`` all or nothing: temp file, fsync, rename, fsync of the folder.
-    On a failed write the temp file is removed and ``path`` keeps its previous content."""
+    On a failed write the temp file is removed and ``path`` keeps its previous content. The
+    folder is created if it is gone (a worker declared lost and still finishing the same fold
+    cleans it up as its retry trains there)."""
     tmp, writer = _temp_path(path), None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             writer = _RecordingWriter(f)
             torch.save(obj, writer)

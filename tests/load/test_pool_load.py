@@ -11,33 +11,19 @@ heartbeats, mlrc's rows and reconnects are the real ones.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import os
 import signal
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from conftest import bench_module
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "pool_load.py"
 WORKERS, TRIALS, KILLS = 8, 200, 10
-
-
-@functools.cache
-def _bench():
-    """bench/pool_load.py as a module (bench/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("bench_pool_load", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow
 def test_pool_of_8_with_kills_and_a_database_restart(tmp_path, postgres_server):
-    bench = _bench()
+    bench = bench_module("pool_load")
     r = bench.run(
         postgres_server,
         tmp_path,
@@ -109,7 +95,7 @@ def test_a_claim_killed_before_its_first_heartbeat_is_retried(tmp_path, postgres
     lock, records it as interrupted; the pool does not wait for it forever."""
     import optuna
 
-    bench = _bench()
+    bench = bench_module("pool_load")
     url, name, args = bench.new_pool(postgres_server, tmp_path, trials=4, seed=3)
     if where == "after Optuna's ask":
         hook = _die_at_first(optuna.Study, "ask")

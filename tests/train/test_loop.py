@@ -517,3 +517,17 @@ def test_a_snapshot_is_a_copy_training_cannot_change():
     assert copy["n"] == 3 and (copy["a"] == 1).all()
     assert type(copy["model"]) is type(live["model"])  # an OrderedDict with torch's _metadata
     assert copy["model"]._metadata == live["model"]._metadata
+
+
+def test_a_checkpoint_folder_removed_under_a_fold_is_made_again(tmp_path):
+    """A worker declared lost finishes the same fold as its retry and cleans the fold's folder:
+    the retry's next checkpoint write makes it again instead of failing the trial."""
+    import shutil
+
+    from mlrc.train.checkpoint import atomic_save
+
+    path = tmp_path / "fold3" / "last.pt"
+    atomic_save({"x": torch.arange(3)}, path)
+    shutil.rmtree(path.parent)
+    atomic_save({"x": torch.arange(4)}, path)
+    assert torch.load(path)["x"].tolist() == [0, 1, 2, 3]

@@ -57,6 +57,11 @@ class _Claim:
 LOST_CLAIM = "interrupted: the study's lock was lost while the trial was drawn"
 
 
+class DeclaredLost(Exception):
+    """The claimed trial failed after another worker declared it lost (no heartbeat for the
+    grace period: a database restart, a long pause) and took its parameters over."""
+
+
 class _LostClaim(Exception):
     """The study's lock was lost during a claim (``number``: the trial it had asked, if any;
     ``final``: the SQLite study's lock file, which this process cannot take again safely)."""
@@ -119,6 +124,9 @@ def run_search(
                     claim.trial.set_user_attr("reason", reason)
         except RankLost as e:  # recorded interrupted and retried: this worker goes on
             log.warning("trial %d interrupted (%s): retried", claim.trial.number, e)
+            continue
+        except DeclaredLost as e:  # its retry (another worker's) goes on, and so does this one
+            log.warning("%s while it ran: dropped", e)
             continue
         tell_optuna(ctx, ostudy, storage, claim, value, reason, sem)
 
@@ -317,8 +325,8 @@ def _recorded_on_exit(
                 raise RankLost(reason.removeprefix(f"{INTERRUPTED}: ")) from e
             if not isinstance(e, Interrupted | RankLost):
                 raise Interrupted(claim.trial.number) from e
-        elif how == "failed":
-            _record_failure(ctx, ostudy, storage, study_id, claim, reason)
+        elif how == "failed" and _record_failure(ctx, ostudy, storage, study_id, claim, reason):
+            raise DeclaredLost(f"{reason}; trial {claim.trial.number} was declared lost") from e
         raise
 
 
@@ -347,17 +355,21 @@ def _record_interrupt(
 
 def _record_failure(
     ctx: StudySession, ostudy: optuna.Study, storage: Any, study_id: int, claim: _Claim, reason: str
-) -> None:
+) -> bool:
     """The claimed trial, if still RUNNING, told to Optuna as FAIL with ``reason`` (a failure
-    here is only logged: left RUNNING, the next run recovers it as interrupted)."""
+    here is only logged: left RUNNING, the next run recovers it as interrupted). True when it
+    was not RUNNING: another worker declared it lost and retries it (the error is no longer
+    this worker's: it goes on)."""
     try:
         with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}"):
-            if storage.get_trial(claim.trial_id).state == TrialState.RUNNING:
-                claim.trial.set_user_attr("reason", reason)
-                ostudy.tell(claim.trial, state=TrialState.FAIL)
+            if storage.get_trial(claim.trial_id).state != TrialState.RUNNING:
+                return True
+            claim.trial.set_user_attr("reason", reason)
+            ostudy.tell(claim.trial, state=TrialState.FAIL)
     except Exception as e:  # noqa: BLE001 — recovered later (next run / heartbeat); one line
         log.warning(
             "trial %d not recorded as failed now (%s); it is recovered later",
             claim.trial.number,
             store.db_error_line(e),
         )
+    return False
