@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import inspect, text
+from sqlalchemy import create_engine, inspect, text
 
-from mlrc.store.reconnect import retry_connects
+from mlrc.store.reconnect import retry, retry_connects
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -29,8 +29,16 @@ def optuna_storage(url: str, **heartbeat: Any) -> Any:
     ``heartbeat``: ``heartbeat_interval``, ``grace_period``, ``heartbeat_stale_trial_callback``."""
     import optuna
 
-    kwargs = {"pool_pre_ping": True} if not url.startswith("sqlite") else {}
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **heartbeat)
+    if url.startswith("sqlite"):
+        return optuna.storages.RDBStorage(url, **heartbeat)
+
+    def make() -> Any:  # it connects at once (its tables, its schema's version)
+        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, **heartbeat)
+
+    # mlrc's own engine connected first: a failure now is a restart (a worker started during
+    # one exited 2), retried for the long window like any lost connection
+    dialect_only = create_engine(url)  # never connects: store.retry reads its dialect
+    storage = retry(make, dialect_only, "opening Optuna's storage")
     retry_connects(storage.engine, connected=True)
     return storage
 

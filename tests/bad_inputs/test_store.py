@@ -442,16 +442,17 @@ def test_processes_creating_a_fresh_sqlite_store_at_once_all_succeed(tmp_path):
     assert errors == []
 
 
+@pytest.mark.parametrize("opening", ["mlrc's engine", "Optuna's storage"])
 def test_a_first_connection_during_a_database_restart_waits_for_it(
-    own_postgres_server, monkeypatch, caplog
+    own_postgres_server, monkeypatch, caplog, opening
 ):
     """A worker that starts while the database restarts (a pool bench's replacement worker once
-    exited 2 so): the server's "shutting down" is no typo, so the first connection waits the
-    long window. A smart shutdown held by one open session keeps the server saying so."""
+    exited 2 so, and a soak's worker at its Optuna storage): the server's "shutting down" is no
+    typo, so the first connection waits the long window. A smart shutdown held by one open
+    session keeps the server saying so."""
     import threading
 
     import psycopg
-    from sqlalchemy.engine import Engine
 
     monkeypatch.setenv("MLRC_DB_RETRY_S", "60")
     server = own_postgres_server
@@ -464,7 +465,8 @@ def test_a_first_connection_during_a_database_restart_waits_for_it(
         time.sleep(0.1)
     result: list = []
     t0 = time.monotonic()
-    connector = threading.Thread(target=lambda: result.append(_connect(url)))
+    opened = store.connect if opening == "mlrc's engine" else store.optuna_storage
+    connector = threading.Thread(target=lambda: result.append(_open(opened, url)))
     connector.start()
     time.sleep(2)
     holder.close()  # the server stops: "Connection refused" from here on
@@ -472,11 +474,11 @@ def test_a_first_connection_during_a_database_restart_waits_for_it(
     time.sleep(max(0.0, 7 - (time.monotonic() - t0)))  # past the 5 s of a first connection
     server.start()
     connector.join(60)
-    [engine] = result
-    assert isinstance(engine, Engine), engine
+    [opened] = result
+    assert not isinstance(opened, Exception), opened
     assert time.monotonic() - t0 > 7
     assert any("shutting down" in r.getMessage() for r in caplog.records)
-    engine.dispose()
+    getattr(opened, "engine", opened).dispose()
 
 
 def _refusal(port: int) -> str:
@@ -489,8 +491,8 @@ def _refusal(port: int) -> str:
     return ""
 
 
-def _connect(url: str):  # noqa: ANN202 — the engine, or the error it raised
+def _open(opened, url: str):  # noqa: ANN001, ANN202 — what it opened, or the error raised
     try:
-        return store.connect(url)
+        return opened(url)
     except Exception as e:  # noqa: BLE001
         return e
