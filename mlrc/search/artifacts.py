@@ -14,13 +14,16 @@ rows through it and moves its folder last, inside the same transaction.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import socket
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlrc.config.identity import artifact_key
+from mlrc.errors import alive
 from mlrc.store import studies
 
 if TYPE_CHECKING:
@@ -113,14 +116,30 @@ def file_size(path: Path) -> int:
 
 def files_beyond(folder: Path, keep: Collection[str]) -> list[Freed]:
     """The files of ``folder`` whose names are not in ``keep``, sorted (none when the folder is
-    gone: another worker may have collected it a moment ago)."""
+    gone: another worker may have collected it a moment ago). A checkpoint being written by a
+    live process is kept (:func:`in_flight`), and so the folder with it."""
     if not folder.is_dir():
         return []
     try:
-        doomed = [f for f in sorted(folder.iterdir()) if f.is_file() and f.name not in keep]
+        doomed = [
+            f
+            for f in sorted(folder.iterdir())
+            if f.is_file() and f.name not in keep and not in_flight(f)
+        ]
     except FileNotFoundError:
         return []
     return [Freed(f, file_size(f)) for f in doomed]
+
+
+_TEMP = re.compile(r"\..+\.tmp-(.+)-(\d+)")  # mlrc.train.checkpoint's: .NAME.tmp-HOST-PID
+
+
+def in_flight(f: Path) -> bool:
+    """Is ``f`` a checkpoint's temp file whose writer may be alive (on another host, or a live
+    pid here)? Two workers train one fold when a trial was declared lost and its retry runs:
+    the first one's clean-up must not pull the second's write from under it."""
+    m = _TEMP.fullmatch(f.name)
+    return m is not None and (m[1] != socket.gethostname() or alive(int(m[2])))
 
 
 def remove_files(freed: list[Freed], folder: Path, levels: int) -> None:

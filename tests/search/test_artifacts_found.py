@@ -212,3 +212,28 @@ def test_a_damaged_npz_says_what_is_wrong_and_what_works(default, tmp_path):
     out = cli("report", "--storage", url, "--metrics", "mrr").output.replace("\n", " ")
     assert "run `mlrc study rescore" not in out  # it would refuse the same file
     assert f"mrr not computed: study 'e', reproduction 2: {npz}" in out and works in out
+
+
+def test_a_checkpoint_being_written_by_a_live_process_survives_the_clean_up(tmp_path):
+    """A worker declared lost finishes a fold while its retry (another worker) trains the same
+    fold: the first one's clean-up of the fold's folder keeps the retry's write in flight (and
+    so the folder), and removes what a dead writer left."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from mlrc.search.artifacts import files_beyond, remove_files
+
+    folder = tmp_path / "search" / "abc" / "fold3"
+    folder.mkdir(parents=True)
+    host = socket.gethostname()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    live = folder / f".last.pt.tmp-{host}-{os.getpid()}"
+    for name in ("best.pt", "last.pt", f".last.pt.tmp-{host}-{dead}", live.name):
+        (folder / name).write_bytes(b"x")
+    freed = files_beyond(folder, keep={"best.pt"})
+    assert sorted(f.path.name for f in freed) == sorted(["last.pt", f".last.pt.tmp-{host}-{dead}"])
+    remove_files(freed, folder, levels=3)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["best.pt", live.name])
