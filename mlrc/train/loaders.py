@@ -41,14 +41,9 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, get_worker_info
 
-from mlrc.train.ranks import RankLost
+from mlrc.train.lost import LoaderLost
 
 __all__ = ["CheckedLoader", "FoldLoader", "LoaderLost", "killed_worker", "worker_seed_state"]
-
-
-class LoaderLost(RankLost):
-    """A loader process of the fold was ended from outside (the OOM killer, a kill): like a
-    lost rank, the trial is interrupted and retried, and the worker goes on."""
 
 
 class FoldLoader:

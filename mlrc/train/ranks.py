@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from mlrc.train.lost import RankLost
 from mlrc.train.spec import EpochRecord, FoldResult, FoldSpec
 
 __all__ = [
@@ -50,10 +51,6 @@ POLL_S = 0.5  # how often the validations file is read while the ranks train (se
 # A rank whose collective failed because a peer went away waits this long (seconds) before
 # ending, so that the launcher, which reports the first rank it sees end, names the peer.
 PEER_GRACE_S = 2.0
-
-
-class RankLost(RuntimeError):
-    """A rank of a K-process fold ended without an error of its own (killed, lost)."""
 
 
 def clear_rank_files(workdir: Path) -> Path:
