@@ -300,15 +300,19 @@ def step_seconds(url: str) -> float:
     return max(walls) / ITERATIONS if walls else float("nan")
 
 
-def soak_problems(r: P.Run, faults: list[Fault], f: dict[str, Any], a: Any) -> list[str]:
-    """What the run broke: the pool bench's store checks, then the soak's own."""
+def soak_problems(
+    r: P.Run, faults: list[Fault], f: dict[str, Any], a: Any, timed: bool = True
+) -> list[str]:
+    """What the run broke: the pool bench's store checks, then the soak's own (``timed``: each
+    stop answered within the bound; the suite checks only that it was answered — a figure of
+    a loaded test machine is not asserted)."""
     wrong = P.problems(r, f)
     bound = r.facts["step_s"] + BOUND_S
     for x in faults:
         code = x.worker.code
         if x.kind in STOPS and code != STOPS[x.kind]:
             wrong.append(f"{x.kind} to worker {x.worker.pid}: exit {code}, not {STOPS[x.kind]}")
-        limit = bound + (OUTAGE_EXTRA_S if x.in_outage else 0.0)
+        limit = bound + (OUTAGE_EXTRA_S if x.in_outage else 0.0) if timed else float("inf")
         if x.kind in STOPS and not (x.to_line_s is not None and x.to_line_s <= limit):
             wrong.append(f"{x.kind} to worker {x.worker.pid}: stopped line after {x.to_line_s} s")
         if x.kind.startswith("loader") and x.went_on is False:

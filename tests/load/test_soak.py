@@ -3,7 +3,8 @@ pool of ``mlrc worker`` processes training tiny real folds with a loader process
 real PostgreSQL, takes every kind of signal once (workers, loaders, a whole process group,
 workers started with SIGTERM blocked) and a database restart timed into a claim; the store and
 the workers must hold every invariant the benchmark checks at full size (200 trials, 24
-signals, 3 restarts, three runs: ``docs/guide/robustness.md``)."""
+signals, 3 restarts, three runs: ``docs/guide/robustness.md``) — each stop answered, its time
+being the benchmark's figure, not asserted on a loaded test machine."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def test_every_signal_and_a_restart_leave_every_invariant_held(tmp_path, postgre
     )
     r, faults = bench.soak(postgres_server, tmp_path, a)
     f = bench.P.verify(r)
-    wrong = bench.soak_problems(r, faults, f, a)
+    wrong = bench.soak_problems(r, faults, f, a, timed=False)  # the bound is the bench's figure
     print(bench.markdown([{"run": r, "faults": faults, "facts": f, "wrong": wrong}], "here", ""))
     assert sorted(x.kind for x in faults) == sorted(bench.FAULTS)  # each kind once
     assert wrong == [], "\n".join(wrong)
