@@ -177,7 +177,7 @@ def _follow(f: Fault) -> None:
     the worker's retry line, and whether it went on)."""
     now = time.monotonic() - f.sent
     if f.kind.startswith("loader"):
-        if f.to_line_s is None and LOADER_LOST in f.worker.output():
+        if f.to_line_s is None and f"{LOADER_LOST} {f.target} " in f.worker.output():
             f.to_line_s = now
         if f.went_on is None and now > 3:
             f.went_on = f.worker.alive() or f.worker.killed  # killed: by a later fault
