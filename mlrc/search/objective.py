@@ -126,15 +126,12 @@ def end_on_error(ctx: StudySession, number: int, params: dict[str, Any], e: Base
     """Record how trial ``number`` ends on the exception ``e`` (:func:`ending`): its running
     search folds end as interrupted (a signal) or failed with the reason (the one-line error),
     and so does mlrc's row of a failed trial (an interrupted one is recorded with its retry,
-    :func:`mlrc.search.heartbeat.retry_interrupted`); a lost database records nothing, nor does
-    an error of a trial another worker declared lost meanwhile (its retry owns the parameters'
-    folds now: a fold directory it cleared is a likely cause). Returns how it ended. A failure to record is only logged: ``e`` is what the caller raises."""
+    :func:`mlrc.search.heartbeat.retry_interrupted`); a lost database records nothing. Returns
+    how it ended. A failure to record is only logged: ``e`` is what the caller raises."""
     how, reason = ending(e)
     if how == "lost":
         return how
     try:
-        if how == "failed" and trials.trial_state(ctx.engine, ctx.study_id, number) != "running":
-            return "lost"  # declared lost by another worker, which retries its parameters
         trials.end_running_folds(
             ctx.engine, ctx.study_id, "search", params_hash(params), how, reason or INTERRUPTED
         )

@@ -28,12 +28,11 @@ from sqlalchemy.exc import OperationalError
 from mlrc import search as S
 from mlrc import store
 from mlrc.config import load_study
-from mlrc.config.identity import params_hash
 from mlrc.errors import forget_stop_signals, note_stop_signal
+from mlrc.search import objective
 from mlrc.search.backends import local
 from mlrc.search.errors import Interrupted, StudyError
 from mlrc.search.heartbeat import recover_unbeaten, retry_interrupted
-from mlrc.store import trials
 from mlrc.train.checkpoint import CheckpointError
 
 OVERRIDES = {"max_epochs": 1, "iterations_per_epoch": 2, "patience": {"default": 1}, "folds": 2}
@@ -297,29 +296,35 @@ def test_a_stop_while_another_worker_holds_the_lock_still_records_the_trial(
     assert state == "interrupted"
 
 
+@pytest.mark.parametrize("rival", ["recorded", "cut off"])
 def test_an_error_after_the_trial_was_declared_lost_is_dropped_and_the_worker_goes_on(
-    tmp_path, fresh_database, monkeypatch, caplog
+    tmp_path, fresh_database, monkeypatch, caplog, rival
 ):
     """A worker whose trial was declared lost (a database restart longer than the grace) trains
     on; its retry, in another worker, takes the parameters' folds over — and may clean a fold
-    folder under it. The first worker's error then is not its own: nothing is recorded (the
-    trial stays interrupted, its folds the retry's), and the worker goes on (it exited 2)."""
-    name, fired = "declared", []
-    run_objective = local.run_objective
+    folder under it. The first worker's error then is not its own: the trial ends interrupted,
+    not failed, and the worker goes on (it exited 2). ``recorded``: the rival recorded it
+    interrupted and enqueued its retry; ``cut off``: only Optuna's FAIL landed (the rival's
+    connection was lost after it), so this worker's next claim enqueues the retry."""
+    name, fired = f"declared_{rival.replace(' ', '_')}", []
+    run_fold = objective.run_fold
 
-    def lost_then_fails(ctx, number, params, **kwargs):  # noqa: ANN001, ANN003, ANN202
+    def lost_then_fails(ctx, *args):  # noqa: ANN001, ANN002, ANN202 — fold 0 of trial 0
         if fired:
-            return run_objective(ctx, number, params, **kwargs)
-        fired.append(number)
-        trials.start_trial(ctx.engine, ctx.study_id, number, params, params_hash(params))
+            return run_fold(ctx, *args)
+        fired.append(args)
         storage = store.optuna_storage(ctx.url)
         ostudy = optuna.load_study(study_name=name, storage=storage)
         study_id = storage.get_study_id_from_name(name)
         [t] = ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        retry_interrupted(ctx, ostudy, storage, study_id, t, "interrupted: worker lost")
+        if rival == "recorded":
+            retry_interrupted(ctx, ostudy, storage, study_id, t, "interrupted: worker lost")
+        else:
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
         raise CheckpointError("cannot write /x/fold3/last.pt (No such file or directory)")
 
-    monkeypatch.setattr(local, "run_objective", lost_then_fails)
+    monkeypatch.setattr(objective, "run_fold", lost_then_fails)
     with (
         S.open_study(_study(tmp_path, name), fresh_database, tmp_path / "a", progress=False) as ctx,
         caplog.at_level(logging.WARNING, logger="mlrc"),
@@ -327,7 +332,7 @@ def test_an_error_after_the_trial_was_declared_lost_is_dropped_and_the_worker_go
         ostudy = S.run_search(ctx)  # no error
     assert "trial 0 was declared lost while it ran: dropped" in caplog.text
     ts = {t.number: t for t in ostudy.get_trials()}
-    assert ts[0].state.name == "FAIL" and ts[0].user_attrs["reason"] == "interrupted: worker lost"
+    assert ts[0].state.name == "FAIL"
     assert sum(t.state.name == "COMPLETE" for t in ts.values()) == 2
     [retry] = [t for t in ts.values() if t.user_attrs.get("retry_of") == 0]
     assert retry.state.name == "COMPLETE" and retry.params == ts[0].params
@@ -335,4 +340,4 @@ def test_an_error_after_the_trial_was_declared_lost_is_dropped_and_the_worker_go
     with engine.connect() as c:
         [state] = c.execute(text("SELECT state FROM mlrc_trial WHERE number = 0")).scalars()
     engine.dispose()
-    assert state == "interrupted"  # not overwritten as failed by the error
+    assert state == "interrupted"  # not failed by the error

@@ -147,3 +147,32 @@ def test_recorded_errors_come_back_as_their_class_or_a_runtime_error(tmp_path: P
         assert type(got) is kind and str(got) == text
     (tmp_path / "rank1.error").write_bytes(b"\x80\x04not json")
     assert load_error(tmp_path / "rank1.error") is None
+
+
+# torch's SIGCHLD handler's words (torch/csrc/DataLoader.cpp), with strsignal's signal names
+KILLED_BY = "DataLoader worker (pid {}) is killed by signal: {}. "
+
+
+@pytest.mark.parametrize(
+    ("sig", "expected"),
+    [
+        (signal.SIGKILL, "interrupted: data loader process 77 ended by SIGKILL"),
+        (signal.SIGTERM, "interrupted: data loader process 77 ended by SIGTERM"),
+        (signal.SIGSEGV, None),  # a crash of the loader's own: the trial fails
+    ],
+)
+def test_a_loader_killed_from_outside_interrupts_and_a_crash_fails(sig, expected):
+    message = KILLED_BY.format(77, signal.strsignal(sig))
+    seen = RuntimeError(message)
+    try:  # raised while handling it, as torch's handler may fire in mlrc's own code
+        try:
+            raise seen
+        except RuntimeError as e:
+            raise ValueError("a database write cut short") from e
+    except ValueError as outer:
+        chained = outer
+    for e in (seen, chained):
+        if expected is None:
+            assert ending(e)[0] == "failed"
+        else:
+            assert ending(e) == (INTERRUPTED, expected)

@@ -57,6 +57,9 @@ class _Claim:
 LOST_CLAIM = "interrupted: the study's lock was lost while the trial was drawn"
 
 
+DROPPED = "declared lost: retried"  # mlrc's reason for a trial whose worker dropped it
+
+
 class DeclaredLost(Exception):
     """The claimed trial failed after another worker declared it lost (no heartbeat for the
     grace period: a database restart, a long pause) and took its parameters over."""
@@ -126,7 +129,7 @@ def run_search(
             log.warning("trial %d interrupted (%s): retried", claim.trial.number, e)
             continue
         except DeclaredLost as e:  # its retry (another worker's) goes on, and so does this one
-            log.warning("%s while it ran: dropped", e)
+            _drop(ctx, claim, f"{e} while it ran")
             continue
         tell_optuna(ctx, ostudy, storage, claim, value, reason, sem)
 
@@ -262,10 +265,7 @@ def tell_optuna(
         if not _told_already(ctx, storage, claim, value, reason):
             # Another worker declared this trial lost (no heartbeat for the grace period, e.g. a
             # long network cut) and retries its parameters; the finished folds are reused there.
-            log.warning("trial %d was declared lost while it ran: %s", claim.trial.number, e)
-            finish_trial(
-                ctx, claim.trial.number, "interrupted", None, None, "declared lost: retried"
-            )
+            _drop(ctx, claim, f"trial {claim.trial.number} was declared lost while it ran: {e}")
             return
     if reason is not None and value is not None:
         log.warning("trial %d scored %g: %s", claim.trial.number, value, reason)
@@ -273,6 +273,13 @@ def tell_optuna(
         log.info("trial %d %s", claim.trial.number, reason)
     elif reason is not None:
         log.warning("trial %d failed: %s", claim.trial.number, reason)
+
+
+def _drop(ctx: StudySession, claim: _Claim, why: str) -> None:
+    """This worker's trial, declared lost by another, as interrupted in mlrc's table (so the
+    next claim enqueues a retry the other did not get to enqueue: a connection lost between)."""
+    log.warning("%s: dropped", why)
+    finish_trial(ctx, claim.trial.number, "interrupted", None, None, DROPPED)
 
 
 def _told_already(
