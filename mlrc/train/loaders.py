@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, get_worker_info
 
+from mlrc.errors import stops_raise_at_once
 from mlrc.train.lost import LoaderLost
 
 __all__ = ["CheckedLoader", "FoldLoader", "LoaderLost", "killed_worker", "worker_seed_state"]
@@ -97,7 +98,8 @@ class CheckedLoader(DataLoader):
         if self.num_workers == 0:
             return super().__iter__()
         try:
-            it = super().__iter__()  # a persistent iterator's reset awaits its first batches
+            with stops_raise_at_once():  # a persistent iterator's reset awaits its loaders
+                it = super().__iter__()
         except Exception as e:
             _raise_if_lost(getattr(self, "_iterator", None), e)
             raise
@@ -119,10 +121,13 @@ def _quiet_sigchld() -> None:
 def _loader_lost_checked(it: Any) -> Iterator[Any]:
     """``it``'s batches; an error while one is awaited (a broken pipe, or torch's "exited
     unexpectedly", as it happens) is :class:`LoaderLost` when one of its loader processes was
-    ended from outside (looked for during 1 s: its pipe closes just before it ends)."""
+    ended from outside (looked for during 1 s: its pipe closes just before it ends). A stop
+    signal during the wait raises at once: torch waits for a batch in slices of 5 s (and for
+    ever while a stalled loader lives), and the step's own check comes only after it."""
     while True:
         try:
-            batch = next(it)
+            with stops_raise_at_once():
+                batch = next(it)
         except StopIteration:
             return
         except Exception as e:

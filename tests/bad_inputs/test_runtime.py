@@ -80,6 +80,9 @@ class Child:
         ignored: frozenset[int] = frozenset(),
     ) -> None:
         self.out, self.err = log.with_suffix(".out"), log.with_suffix(".err")
+        # here, not in the child: a child killed before it opened them still has both files
+        self.out.touch()
+        self.err.touch()
         build_dataset("glyphs", **GLYPHS)  # rendered once here, inherited by every child
         self.started = time.monotonic()
         self.states: list[str] = []

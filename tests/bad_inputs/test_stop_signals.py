@@ -266,3 +266,59 @@ def test_a_loader_process_killed_from_outside_interrupts_and_retries_its_trial(
     [retry] = [t for t in trials if t.user_attrs.get("retry_of") == lost.number]
     assert retry.state.name == "COMPLETE" and retry.params == lost.params
     assert sum(t.state.name == "COMPLETE" for t in trials) == 2
+
+
+class _Stalled:
+    """A dataset whose first sample, the ``stall_at``-th time a loader process reads it, takes
+    20 s (a read stuck on a network file system): torch waits for it in slices of 5 s for as
+    long as the loader lives."""
+
+    def __init__(self, stall_at: int) -> None:
+        self.stall_at, self.reads = stall_at, 0
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        from torch.utils.data import get_worker_info
+
+        if i == 0 and get_worker_info() is not None:
+            self.reads += 1
+            if self.reads == self.stall_at:
+                time.sleep(20)
+        return i
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["per-epoch", "fold-long"])
+def test_a_stop_while_a_batch_is_awaited_from_a_stalled_loader_stops_at_once(persistent):
+    """SIGTERM while the main process waits for a loader's batch: the stop is raised inside
+    the wait, not at the next step's check after the batch came (here 20 s later). Also the
+    case of a whole-group SIGTERM that ends a loader before it ignores the signal: torch finds
+    the dead loader only at its next 5-s look."""
+    import threading
+
+    from mlrc.errors import raise_if_stopped
+    from mlrc.train.loaders import CheckedLoader
+
+    earlier = set(_children(os.getpid()))
+    stalled = _Stalled(stall_at=2 if persistent else 1)
+    loader = CheckedLoader(stalled, batch_size=2, num_workers=1, persistent_workers=persistent)
+    if persistent:
+        assert len(list(loader)) == 2  # its loader process lives on into the next epoch
+    sent: list[float] = []
+
+    def terminate_soon() -> None:
+        time.sleep(0.5)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_soon, daemon=True).start()
+    with pytest.raises(typer.Exit) as ended, interrupts():
+        for _ in loader:
+            raise_if_stopped()  # a training step's check
+    answered = time.monotonic() - sent[0]
+    for pid in set(_children(os.getpid())) - earlier:  # the stalled loader, not left to torch
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert ended.value.exit_code == 143
+    assert answered < 1.0, f"the stop was answered {answered:.1f} s after SIGTERM"
