@@ -73,8 +73,9 @@ def campaign_run(
     procs_per_trial: ProcsOpt = None,
     devices: DevicesOpt = None,
 ) -> None:
-    """Run (or resume) every study of the campaign: search, then test stage, one after another.
-    Exit 1 if a study failed (the others still run). Ctrl-C / SIGTERM: the running trial or
+    """Run (or resume) every study of the campaign: search, then test stage, one after another
+    (with --backend ray on a PostgreSQL store: --max-concurrent Ray tasks, each a campaign
+    worker taking the next trial or test fold of any study). Exit 1 if a study failed (the others still run). Ctrl-C / SIGTERM: the running trial or
     test fold is recorded as interrupted, one line, exit 130 / 143; run it again to resume."""
     from mlrc.search.backends import backend_named
     from mlrc.search.campaign_runner import run_campaign
@@ -93,21 +94,19 @@ def campaign_run(
     check_track(track)
     if chosen.name == "local":  # Ray sets its tasks' threads itself
         fair_share(threads, quiet)
+    common = {"track": track, "checks": not skip_checks, "events": Printed(),
+              "procs": procs_per_trial, "devices": device_list(devices)}  # fmt: skip
     with interrupts(), user_errors():
-        failures = run_campaign(
-            campaign_file,
-            storage,
-            artifacts,
-            device,
-            quiet,
-            backend,
-            ray_options,
-            track,
-            checks=not skip_checks,
-            events=Printed(),
-            procs=procs_per_trial,
-            devices=device_list(devices),
-        )
+        if chosen.name == "ray" and storage.startswith("postgresql"):  # campaign workers on Ray
+            from mlrc.search.campaign_ray import run_campaign_on_ray
+
+            failures = run_campaign_on_ray(
+                campaign_file, storage, artifacts, ray_options, quiet, **common
+            )
+        else:
+            failures = run_campaign(
+                campaign_file, storage, artifacts, device, quiet, backend, ray_options, **common
+            )
     if failures:
         raise typer.Exit(1)
 

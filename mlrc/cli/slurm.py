@@ -17,7 +17,7 @@ slurm_app = typer.Typer(
     help="Slurm: submit `mlrc worker` jobs on the study's PostgreSQL URL, and watch them.",
 )
 
-StudyArg = Annotated[Path, typer.Argument(help="study YAML")]
+StudyArg = Annotated[Path, typer.Argument(help="study or campaign YAML")]
 SlurmStorageOpt = Annotated[
     str,
     typer.Option(
@@ -35,15 +35,25 @@ SharedArtifactsOpt = Annotated[
 
 
 def _study_name(study_file: Path) -> str:
-    return _study(study_file).study.name
+    return _study(study_file)[0]
 
 
-def _study(study_file: Path):
-    """The study file, resolved (a problem: one line, exit 2)."""
+def _study(study_file: Path) -> tuple[str, int, str]:
+    """The study's (or campaign's) name and the processes per trial of its preset (a
+    campaign's: the most any of its studies asks), and ``study NAME`` or ``campaign NAME``; a
+    problem: one line, exit 2."""
     from mlrc.config import load_study
+    from mlrc.config.campaign import is_campaign_file, load_campaign, resolve_campaign
 
     with user_errors():
-        return load_study(study_file)
+        if is_campaign_file(study_file):
+            cfg = load_campaign(study_file)
+            plan = resolve_campaign(cfg, str(study_file))
+            procs = max(r.preset.processes_per_trial for _, r in plan)
+            return cfg.name, procs, f"campaign {cfg.name}"
+        resolved = load_study(study_file)
+        name = resolved.study.name
+        return name, resolved.preset.processes_per_trial, f"study {name}"
 
 
 @slurm_app.command("submit")
@@ -95,7 +105,7 @@ def slurm_submit(
     ] = None,
 ) -> None:
     """Submit N Slurm jobs, each running `mlrc worker` (K per GPU with --per-gpu K) on the
-    study's PostgreSQL URL. A cancelled or preempted job's trial is retried by the others; a job
+    study's PostgreSQL URL; given a campaign file, each worker serves the whole campaign. A cancelled or preempted job's trial is retried by the others; a job
     at its time limit is requeued. Job ids are recorded under ARTIFACTS/slurm/STUDY/. With --mps
     each job starts a CUDA MPS daemon for its GPUs before its workers and stops it after them."""
     # size: a typer command: its options, one per line; the body is 30 lines
@@ -105,8 +115,7 @@ def slurm_submit(
         fail("--storage (or MLRC_STORAGE) is required: the PostgreSQL URL the jobs share")
     if heartbeat < 1 or (grace is not None and grace <= heartbeat):
         fail("--heartbeat must be ≥ 1 s and --grace longer than --heartbeat")
-    resolved = _study(study_file)
-    name = resolved.study.name
+    name, procs, what = _study(study_file)
     with user_errors():  # an unreachable store: one line
         try:
             ids = submit(
@@ -126,12 +135,12 @@ def slurm_submit(
                 grace=grace,
                 threads=threads,
                 mps=mps,
-                procs=procs_per_trial or resolved.preset.processes_per_trial,
+                procs=procs_per_trial or procs,
             )
         except SlurmError as e:
             fail(str(e))
     console.print(
-        f"submitted {len(ids)} worker jobs for study {name}: {' '.join(ids)}",
+        f"submitted {len(ids)} worker jobs for {what}: {' '.join(ids)}",
         soft_wrap=True,
         highlight=False,
     )

@@ -40,11 +40,11 @@ from mlrc.cli.terminal import (
     user_errors,
 )
 
-__all__ = ["check_mps", "packed_workers", "worker"]
+__all__ = ["check_mps", "packed_workers", "serve", "worker"]
 
 
 def worker(
-    study_file: Annotated[Path, typer.Argument(help="study YAML")],
+    study_file: Annotated[Path, typer.Argument(help="study or campaign YAML")],
     storage: Annotated[
         str,
         typer.Option("--storage", envvar="MLRC_STORAGE", help="PostgreSQL URL shared by the pool"),
@@ -84,8 +84,10 @@ def worker(
     devices: DevicesOpt = None,
 ) -> None:
     """One worker of a pool: run trials of the study until its budget of finished trials is
-    reached by the whole pool, then exit 0. Start any number, on any machines, against one
-    PostgreSQL database (SQLite allows a single worker). ``--per-gpu N`` starts N such workers
+    reached by the whole pool, then exit 0. Given a campaign file, take the campaign's next
+    trial or test fold of any study until every study is searched and tested (exit 1 if one
+    failed). Start any number, on any machines, against one PostgreSQL database (SQLite allows
+    a single worker). ``--per-gpu N`` starts N such workers
     on the same device as separate processes (the exit code is the first non-zero one);
     ``--mps`` runs them under a CUDA MPS daemon started for them and stopped after them.
     ``--procs-per-trial K`` trains each fold as K ranks on ``--devices`` (or the first K GPUs
@@ -100,6 +102,11 @@ def worker(
     check_device(device)
     check_artifacts(artifacts)
     check_track(track)
+    from mlrc.config.campaign import is_campaign_file
+
+    campaign = is_campaign_file(study_file)
+    if campaign and (trials is not None or keep is not None):
+        fail("--trials and --keep are a study's: a campaign takes them from its file")
     if per_gpu > 1 and (procs_per_trial or 1) > 1:
         fail("--per-gpu packs one-process trials on one GPU; it cannot pack --procs-per-trial")
     if per_gpu > 1:
@@ -118,6 +125,10 @@ def worker(
 
     bind_device(device)  # cuda:N: no context on GPU 0 (the packing parent above binds none)
     fair_share(threads, quiet)
+    if campaign:
+        options = {"track": track, "checks": not skip_checks, "procs": procs_per_trial}
+        serve(study_file, storage, artifacts, device, quiet, heartbeat, grace, options, devices)
+        return
     with (
         interrupts(),
         user_errors(),
@@ -149,13 +160,54 @@ def worker(
         print_status_by_name(ctx.engine, ctx.name)
 
 
+def serve(
+    campaign_file: Path,
+    storage: str,
+    artifacts: Path,
+    device: str,
+    quiet: bool,
+    heartbeat: int,
+    grace: int | None,
+    options: dict,
+    devices: str | None,
+) -> None:
+    """``mlrc worker CAMPAIGN.yaml``: register the campaign's studies (pre-flight unless
+    ``options["checks"]`` is False), then serve them (:mod:`mlrc.search.campaign_pool`);
+    exit 1 if a study failed."""
+    from mlrc.cli.campaign import Printed
+    from mlrc.search.campaign_pool import serve_campaign
+    from mlrc.search.campaign_runner import prepare_campaign
+    from mlrc.search.session import open_study
+
+    procs, chosen = options["procs"], device_list(devices)
+    with interrupts(), user_errors():
+        _, plan, _ = prepare_campaign(campaign_file, storage, device, quiet, options["track"],
+                                      options["checks"], Printed(), procs, chosen)  # fmt: skip
+
+        def opened(resolved):  # noqa: ANN001, ANN202 — one study, as `campaign run` opens it
+            return open_study(resolved, storage, artifacts, device, not quiet, procs=procs,
+                              devices=chosen)  # fmt: skip
+
+        failures = serve_campaign(plan, opened, Printed(), heartbeat, grace)
+    if failures:
+        raise typer.Exit(1)
+
+
 def _preflight_once(study_file: Path, quiet: bool) -> None:
-    """The study's pre-flight, run by the parent of packed workers (they skip theirs)."""
+    """The study's (or every campaign study's) pre-flight, run by the parent of packed workers
+    (they skip theirs)."""
     from mlrc.config import load_study
+    from mlrc.config.campaign import is_campaign_file
+    from mlrc.search.campaign_runner import load_campaign, resolve_campaign
+    from mlrc.search.campaign_runner import preflight as campaign_preflight
 
     with user_errors():
-        line = preflight(load_study(study_file), quiet)
-    if line:
+        if is_campaign_file(study_file):
+            plan = resolve_campaign(load_campaign(study_file), str(study_file))
+            lines = campaign_preflight(plan, quiet)
+        else:
+            lines = [preflight(load_study(study_file), quiet)]
+    for line in filter(None, lines):
         console.print(line, soft_wrap=True, highlight=False)
 
 

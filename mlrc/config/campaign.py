@@ -42,6 +42,7 @@ __all__ = [
     "CampaignStrategy",
     "Cell",
     "cells",
+    "is_campaign_file",
     "load_campaign",
     "parse_campaign",
     "resolve_campaign",
@@ -164,6 +165,16 @@ def load_campaign(path: str | Path, check_roots: bool = True) -> CampaignConfig:
     """Read and validate a campaign file (its studies are resolved by :func:`resolve_campaign`)."""
     path = Path(path)
     return parse_campaign(load_yaml(path), str(path), path.parent, check_roots)
+
+
+def is_campaign_file(path: str | Path) -> bool:
+    """Does ``path`` hold a campaign (``datasets:`` and ``losses:``) rather than a study? False
+    for a file that cannot be read or parsed: the study's loader then says why."""
+    try:
+        doc = load_yaml(Path(path))
+    except ConfigError:
+        return False
+    return isinstance(doc, dict) and "losses" in doc and "datasets" in doc
 
 
 # --- the grid ----------------------------------------------------------------------------------

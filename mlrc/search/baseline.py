@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from mlrc import store
 from mlrc.config import ResolvedStudy
 from mlrc.config.identity import canonical_json, code_version
 from mlrc.protocol import retrieval_metrics
@@ -47,8 +48,9 @@ def ensure_baseline(ctx: StudySession) -> None:
     if getattr(ctx.dataset, "roles", None) is not None:  # ranked query→gallery (not as before)
         config["retrieval"] = QUERY_GALLERY
     key = hashlib.sha256(canonical_json(config).encode()).hexdigest()[:16]
-    if not results.has_baseline(ctx.engine, key):
-        _compute_baseline(ctx, key, config)
+    with store.advisory_lock(ctx.engine, f"mlrc-baseline:{key}"):  # a pool's studies share it
+        if not results.has_baseline(ctx.engine, key):
+            _compute_baseline(ctx, key, config)
     results.link_baseline(ctx.engine, ctx.study_id, key)
 
 

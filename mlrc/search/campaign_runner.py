@@ -58,6 +58,7 @@ from mlrc.train.preflight import preflight as check
 
 __all__ = [
     "FINISHED",
+    "Plan",
     "SILENT",
     "NAME_PATTERN",
     "CampaignConfig",
@@ -72,6 +73,7 @@ __all__ = [
     "load_campaign",
     "parse_campaign",
     "preflight",
+    "prepare_campaign",
     "progress",
     "register",
     "resolve_campaign",
@@ -277,19 +279,9 @@ def run_campaign(
     ``tracking``). ``procs``/``devices``: ``--procs-per-trial``/``--devices``, every study's
     checked (:func:`~mlrc.search.session.rank_plan`) before any is registered."""
     chosen = backend_named(backend)
-
-    cfg = load_campaign(campaign_file)
-    plan = [(c, with_track(r, track)) for c, r in resolve_campaign(cfg, str(campaign_file))]
-    for _, resolved in plan:
-        rank_plan(resolved, device, procs, devices)
-    engine = store.connect(storage)
-    lines = []
-    if checks:  # every study's, before any is registered: one problem refuses the campaign
-        _refuse_changed(engine, plan)  # first: a changed study needs no pre-flight to be refused
-        lines = preflight(plan, quiet)
-    register(engine, cfg, plan)
-    if lines:  # once the store took the studies (its refusal stays one line)
-        events.checked(lines)
+    cfg, plan, engine = prepare_campaign(
+        campaign_file, storage, device, quiet, track, checks, events, procs, devices
+    )
     ray_options = ray_options or {}
     run = partial(
         run_study,
@@ -307,6 +299,36 @@ def run_campaign(
         failures = _run_studies(cfg.name, plan, run, events)
     events.finished(engine, cfg.name, plan)
     return failures
+
+
+def prepare_campaign(
+    campaign_file: Path,
+    storage: str,
+    device: str = "cpu",
+    quiet: bool = False,
+    track: str | None = None,
+    checks: bool = True,
+    events: CampaignEvents = SILENT,
+    procs: int | None = None,
+    devices: Sequence[str] | None = None,
+) -> tuple[CampaignConfig, Plan, Any]:
+    """Load and resolve every study of the campaign file, check their rank plans, run their
+    pre-flight (``checks``; :func:`preflight`) and register them: what ``campaign run`` and a
+    campaign worker do before anything trains. The campaign, its plan (in order) and the
+    store's engine."""
+    cfg = load_campaign(campaign_file)
+    plan = [(c, with_track(r, track)) for c, r in resolve_campaign(cfg, str(campaign_file))]
+    for _, resolved in plan:
+        rank_plan(resolved, device, procs, devices)
+    engine = store.connect(storage)
+    lines = []
+    if checks:  # every study's, before any is registered: one problem refuses the campaign
+        _refuse_changed(engine, plan)  # first: a changed study needs no pre-flight to be refused
+        lines = preflight(plan, quiet)
+    register(engine, cfg, plan)
+    if lines:  # once the store took the studies (its refusal stays one line)
+        events.checked(lines)
+    return cfg, plan, engine
 
 
 def preflight(plan: Plan, quiet: bool) -> list[str]:

@@ -115,6 +115,23 @@ def run_fold(
     return res
 
 
+def claim_fold(ctx: StudySession, job: FoldJob) -> None:
+    """Mark fold run ``job`` running for this worker (its provenance ``worker``: ``host:pid``)
+    before it trains: a campaign worker's claim of a test fold, made under the study's lock;
+    :func:`run_fold` then starts it as usual."""
+    seed = derive_seed(ctx.resolved.study.search.seed, job.kind, job.params_hash,
+                       job.reproduction, job.fold)  # fmt: skip
+    trials.start_fold(
+        ctx.engine,
+        job.key(ctx.study_id),
+        job.what,
+        seed=seed,
+        device=ctx.device,
+        code_version=code_version(),
+        provenance={"worker": worker_name()},
+    )
+
+
 def worker_name() -> str:
     """``host:pid`` of this process, as a running trial's Optuna user attribute ``worker``."""
     return f"{socket.gethostname()}:{os.getpid()}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -29,33 +30,40 @@ warnings.filterwarnings("ignore", ".*heartbeat.*", optuna.exceptions.Experimenta
 HEARTBEAT_S = 30  # default heartbeat interval of a running trial (seconds)
 
 
-class TrialHeartbeat:
-    """Records the trial's heartbeat every ``interval`` seconds in a daemon thread; a lost
-    database only logs a warning (the retrying connection comes back by itself)."""
+class Heartbeat:
+    """Calls ``beat()`` every ``interval`` seconds in a daemon thread while the block runs; a
+    lost database only logs a warning naming ``what`` (the retrying connection comes back by
+    itself)."""
 
-    def __init__(self, storage: Any, trial_id: int, interval: float) -> None:
-        self.storage, self.trial_id, self.interval = storage, trial_id, interval
+    def __init__(self, beat: Callable[[], Any], interval: float, what: str) -> None:
+        self.beat, self.interval, self.what = beat, interval, what
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._beat, daemon=True, name="mlrc-heartbeat")
 
     def _beat(self) -> None:
         while not self.stop.wait(self.interval):
             try:
-                self.storage.record_heartbeat(self.trial_id)
+                self.beat()
             except Exception as e:  # noqa: BLE001 — keep beating; report in one line
-                log.warning(
-                    "heartbeat of trial id %d not recorded: %s",
-                    self.trial_id,
-                    store.db_error_line(e),
-                )
+                log.warning("heartbeat of %s not recorded: %s", self.what, store.db_error_line(e))
 
-    def __enter__(self) -> TrialHeartbeat:
+    def __enter__(self) -> Heartbeat:
         self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join(timeout=5)
+
+
+class TrialHeartbeat(Heartbeat):
+    """Records the trial's heartbeat (Optuna's) every ``interval`` seconds."""
+
+    def __init__(self, storage: Any, trial_id: int, interval: float) -> None:
+        super().__init__(
+            lambda: storage.record_heartbeat(trial_id), interval, f"trial id {trial_id}"
+        )
+        self.storage, self.trial_id = storage, trial_id
 
 
 def heartbeat_storage(ctx: StudySession, heartbeat_s: int, grace_s: int) -> Any:

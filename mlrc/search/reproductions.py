@@ -85,22 +85,32 @@ def run_test(ctx: StudySession) -> list[str]:
     Returns messages for reproductions that failed (their results are not stored)."""
     params = best_params(ctx)
     pending = [
-        rep for rep in range(1, ctx.resolved.reproductions + 1) if not _tested(ctx, params, rep)
+        rep for rep in range(1, ctx.resolved.reproductions + 1) if not is_tested(ctx, params, rep)
     ]
     if pending:
-        _check_same_retrieval(ctx)
+        check_same_retrieval(ctx)
     # the untrained baseline's failure fails the first pending reproduction (at fold 0)
     with _recorded_on_exit(ctx, params, pending[0] if pending else None, [0], running=False):
         ensure_baseline(ctx)
     problems = []
     for rep in pending:
-        problem = _test_reproduction(ctx, params, rep)
+        problem = run_reproduction(ctx, params, rep)
         if problem:
             problems.append(problem)
     return problems
 
 
-def _check_same_retrieval(ctx: StudySession) -> None:
+def finish_reproduction(ctx: StudySession, params: dict[str, Any], rep: int) -> str | None:
+    """Reproduction ``rep``'s rows once a pool trained its folds (a campaign worker's last unit
+    of it): the untrained baseline first (its failure fails the reproduction at fold 0, as in
+    :func:`run_test`), then :func:`run_reproduction`, its trained folds reused. A failed fold's
+    message, or None."""
+    with _recorded_on_exit(ctx, params, rep, [0], running=False):
+        ensure_baseline(ctx)
+    return run_reproduction(ctx, params, rep)
+
+
+def check_same_retrieval(ctx: StudySession) -> None:
     """A study's reproductions are all ranked one way: a :class:`StudyError` when those already
     tested were ranked otherwise than the dataset now asks (an In-Shop study tested all vs all
     by an mlrc before query/gallery roles, or a folder given a ``roles.csv`` since)."""
@@ -118,7 +128,7 @@ def _check_same_retrieval(ctx: StudySession) -> None:
         )
 
 
-def _tested(ctx: StudySession, params: dict[str, Any], rep: int) -> bool:
+def is_tested(ctx: StudySession, params: dict[str, Any], rep: int) -> bool:
     """Whether reproduction ``rep`` of ``params`` has all its rows stored."""
     done = results.reproduction_results(ctx.engine, ctx.study_id, rep)
     same = [r for r in done if canonical_json(r.params) == canonical_json(params)]
@@ -148,7 +158,7 @@ def _recorded_on_exit(
                     ctx.engine, ctx.study_id, "test", params_hash(params), how, how, rep
                 )
             elif how == "failed":
-                _fail_fold(ctx, params, rep, at[0], reason)
+                fail_test_fold(ctx, params, rep, at[0], reason)
         except Exception as err:  # noqa: BLE001 — ``e`` is what goes on
             log.warning("%s not recorded as %s (%s)", what, how, store.db_error_line(err))
         if how == INTERRUPTED and not isinstance(e, Interrupted):
@@ -156,7 +166,9 @@ def _recorded_on_exit(
         raise
 
 
-def _fail_fold(ctx: StudySession, params: dict[str, Any], rep: int, fold: int, reason: str) -> None:
+def fail_test_fold(
+    ctx: StudySession, params: dict[str, Any], rep: int, fold: int, reason: str
+) -> None:
     """Test fold ``fold`` of reproduction ``rep`` as failed with ``reason`` (its row created if
     the failure came before it started: the untrained baseline's)."""
     job = FoldJob("test", params_hash(params), rep, fold)
@@ -184,7 +196,7 @@ def _test_metrics(
     return {**test_set_metrics(ctx, emb, labels, roles), "metrix_utilization": util}
 
 
-def _test_reproduction(ctx: StudySession, params: dict[str, Any], rep: int) -> str | None:
+def run_reproduction(ctx: StudySession, params: dict[str, Any], rep: int) -> str | None:
     """Train and test reproduction ``rep``; its rows are stored together, or a failed fold's
     message is returned. An exception ends it by the one rule (:func:`_recorded_on_exit`)."""
     at = [0]  # the fold being trained or tested; after the last, the last
@@ -195,7 +207,7 @@ def _test_reproduction(ctx: StudySession, params: dict[str, Any], rep: int) -> s
 def _train_and_test(
     ctx: StudySession, params: dict[str, Any], rep: int, at: list[int]
 ) -> str | None:
-    """The body of :func:`_test_reproduction`; ``at[0]``: the fold it is at."""
+    """The body of :func:`run_reproduction`; ``at[0]``: the fold it is at."""
     p = ctx.resolved.preset
     embeddings, seen, labels, rows, test_view = [], [], None, [], None
     for fold in ctx.split.folds:

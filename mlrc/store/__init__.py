@@ -58,6 +58,7 @@ from mlrc.store.engine import (
     advisory_lock,
     removed_lock_file,
     sqlite_path,
+    try_advisory_lock,
 )
 from mlrc.store.migrate import connect, current, upgrade
 from mlrc.store.optuna_tables import optuna_storage, unbeaten_trials
@@ -100,6 +101,7 @@ __all__ = [
     "TrialRecord",
     "absolute_url",
     "advisory_lock",
+    "try_advisory_lock",
     "campaigns",
     "costs",
     "curves",

@@ -125,7 +125,7 @@ def advisory_lock(engine: Engine, name: str, stopping: bool = False) -> Iterator
         return
     from sqlalchemy import text
 
-    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    key = _lock_key(name)
     conn = retry(engine.connect, engine, "taking a lock")
     try:
         wait_s, deadline = 0.01, time.monotonic() + STOPPING_WAIT_S
@@ -147,6 +147,34 @@ def advisory_lock(engine: Engine, name: str, stopping: bool = False) -> Iterator
         except Exception:  # connection gone: the server released the lock with it
             pass
         conn.close()
+
+
+@contextmanager
+def try_advisory_lock(engine: Engine, name: str) -> Iterator[HeldLock | None]:
+    """:func:`advisory_lock` without waiting: the block gets the :class:`HeldLock`, or None when
+    another process holds ``name`` now. On SQLite always held (one process per study)."""
+    if engine.dialect.name != "postgresql":
+        yield HeldLock()
+        return
+    from sqlalchemy import text
+
+    key, got = _lock_key(name), False
+    conn = retry(engine.connect, engine, "taking a lock")
+    try:
+        got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar()
+        conn.commit()
+        yield HeldLock(conn, key, name) if got else None
+    finally:
+        if got:
+            with suppress(Exception):  # connection gone: the lock went with it
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                conn.commit()
+        conn.close()
+
+
+def _lock_key(name: str) -> int:
+    """The 64-bit advisory lock key of the lock named ``name``."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
 
 
 def make_engine(url: str, read_only: bool = False) -> Engine:

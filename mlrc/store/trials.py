@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 __all__ = [
+    "beat_fold",
     "best_trial",
     "best_trial_hash",
     "end_running_folds",
@@ -187,6 +188,19 @@ def finish_fold(engine: Engine, key: dict[str, Any], what: str, **values: Any) -
     """Record the outcome of the fold run with natural key ``key`` (status, reason, best epoch,
     objective, checkpoint, wall time, provenance, best metrics)."""
     transact(engine, lambda s: upsert(s, FoldRun, key, **values), f"recording {what}")
+
+
+def beat_fold(engine: Engine, key: dict[str, Any], what: str) -> None:
+    """The heartbeat of the running fold run with natural key ``key``: its ``updated`` time set
+    to now (UTC, this host's clock), so that a pool sees it held (a campaign worker's test
+    fold); a run no longer ``running`` is left as it is."""
+    transact(
+        engine,
+        lambda s: s.execute(
+            update(FoldRun).filter_by(**key, status="running").values(status="running")
+        ),  # the column's onupdate sets ``updated``
+        f"recording the heartbeat of {what}",
+    )
 
 
 def end_running_folds(

@@ -322,3 +322,38 @@ def test_bad_time_limits(text):
 
     with pytest.raises(SlurmError, match="--time"):
         parse_time(text)
+
+
+def test_an_array_of_campaign_workers_serves_a_small_campaign(cluster, tmp_path, fresh_database):
+    """``mlrc slurm submit CAMPAIGN.yaml --array``: every task serves the whole campaign (each
+    study's trials and test folds, whichever study they belong to) until it is done."""
+    doc = {
+        "name": "slurm-c",
+        "datasets": [{"name": "glyphs", "params": {"size": 24}}],
+        "losses": ["contrastive", "triplet"],
+        "preset": "cpu",
+        "search": {"trials": 1, "seed": 0},
+        "test": {"reproductions": 2},
+        "overrides": {**SMALL, "max_epochs": 1, "folds": 2},
+    }
+    path = tmp_path / "slurm-c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    art = tmp_path / "a"
+    env = {**cluster.env(), "MLRC_STORAGE": fresh_database, "OMP_NUM_THREADS": "1"}
+    out = mlrc(
+        *("slurm", "submit", str(path), "--workers", "2", "--time", "00:10:00", "--array"),
+        *("--artifacts", str(art), "--partition", cluster.partition, "--threads", "1"),
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "submitted 2 worker jobs for campaign slurm-c" in out.stdout
+    ids = [j["id"] for j in json.loads((art / "slurm/slurm-c/jobs.json").read_text())["jobs"]]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and set(job_states(cluster, ids).values()) - ENDED - {"GONE"}:
+        time.sleep(1)
+    logs = "".join(p.read_text() for p in art.glob("slurm/slurm-c/*/*_log.*"))
+    assert set(job_states(cluster, ids).values()) <= ENDED | {"GONE"}, logs
+    shown = mlrc("campaign", "status", str(path), "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    studies = json.loads(shown.stdout)["studies"]
+    assert [s["state"] for s in studies] == ["done", "done"], (shown.stdout, logs)

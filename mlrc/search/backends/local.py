@@ -89,14 +89,48 @@ def run_search(
     worker that dies leaves its trial without heartbeat; after ``grace_s`` (default 4 ×
     ``heartbeat_s``) another worker fails it and retries its parameters, reusing finished folds.
     """
-    storage = heartbeat_storage(ctx, heartbeat_s, grace_s or 4 * heartbeat_s)
-    ostudy = optuna_study(ctx, storage)
-    study_id = store.retry(
-        lambda: storage.get_study_id_from_name(ctx.name), ctx.engine, "reading the study"
-    )
-    store.retry(lambda: _prepare(ctx, ostudy, storage, study_id), ctx.engine, "opening the study")
+    taker = TrialTaker(ctx, heartbeat_s, grace_s)
     while True:
         raise_if_stopped()  # a Ctrl-C or SIGTERM received: stop before the next claim
+        took = taker.take()
+        if took == DONE:
+            return taker.ostudy
+        if took == WAIT:
+            sleep_or_stop(poll_s)  # looks for a stop signal every 0.1 s
+        elif took == LOST:
+            sleep_or_stop(min(poll_s, 1.0))
+
+
+# What :meth:`TrialTaker.take` did: ran a trial (whatever its end), found the budget reached,
+# found every remaining slot running (wait), or lost its claim (try again soon).
+RAN, DONE, WAIT, LOST = "ran", "done", "wait", "lost"
+
+
+class TrialTaker:
+    """One worker's hand on an open study's search: :meth:`take` claims and runs its next trial.
+    ``mlrc study run`` and ``mlrc worker STUDY`` call it in a loop (:func:`run_search`); a
+    campaign worker calls it on whichever study it serves next."""
+
+    def __init__(
+        self, ctx: StudySession, heartbeat_s: int = HEARTBEAT_S, grace_s: int | None = None
+    ):
+        self.ctx, self.heartbeat_s = ctx, heartbeat_s
+        self.storage = heartbeat_storage(ctx, heartbeat_s, grace_s or 4 * heartbeat_s)
+        self.ostudy = optuna_study(ctx, self.storage)
+        self.study_id = store.retry(
+            lambda: self.storage.get_study_id_from_name(ctx.name), ctx.engine, "reading the study"
+        )
+        store.retry(
+            lambda: _prepare(ctx, self.ostudy, self.storage, self.study_id),
+            ctx.engine,
+            "opening the study",
+        )
+
+    def take(self) -> str:
+        """Claim the next trial and run it to its end: :data:`RAN`, or :data:`DONE` (the
+        budget is reached), :data:`WAIT` (every remaining slot is running elsewhere),
+        :data:`LOST` (the claim was lost: retried cleanly). A failed trial's error goes on."""
+        ctx, ostudy, storage, study_id = self.ctx, self.ostudy, self.storage, self.study_id
         try:
             claim = store.retry(
                 lambda: _claim(ctx, ostudy, storage, study_id), ctx.engine, "taking the next trial"
@@ -105,17 +139,19 @@ def run_search(
             _drop_lost_claim(ctx, ostudy, storage, study_id, e)
             if e.final:
                 raise StudyError(f"{e}; another process may run this study: run it again") from None
-            sleep_or_stop(min(poll_s, 1.0))
-            continue
-        if claim is None:
-            return ostudy
-        if claim == "wait":
-            sleep_or_stop(poll_s)  # looks for a stop signal every 0.1 s
-            continue
+            return LOST
+        if claim is None or claim == "wait":
+            return DONE if claim is None else WAIT
+        self._run(claim)
+        return RAN
+
+    def _run(self, claim: _Claim) -> None:
+        """Train the claimed trial with a heartbeat and tell Optuna how it ended."""
+        ctx, ostudy, storage = self.ctx, self.ostudy, self.storage
         try:
             with (
-                TrialHeartbeat(storage, claim.trial_id, heartbeat_s),
-                _recorded_on_exit(ctx, ostudy, storage, study_id, claim),
+                TrialHeartbeat(storage, claim.trial_id, self.heartbeat_s),
+                _recorded_on_exit(ctx, ostudy, storage, self.study_id, claim),
             ):
                 try:
                     prune = pruning(ctx, claim.trial)
@@ -127,10 +163,10 @@ def run_search(
                     claim.trial.set_user_attr("reason", reason)
         except RankLost as e:  # recorded interrupted and retried: this worker goes on
             log.warning("trial %d interrupted (%s): retried", claim.trial.number, e)
-            continue
+            return
         except DeclaredLost as e:  # its retry (another worker's) goes on, and so does this one
             _drop(ctx, claim, f"{e} while it ran")
-            continue
+            return
         tell_optuna(ctx, ostudy, storage, claim, value, reason, sem)
 
 
