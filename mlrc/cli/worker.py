@@ -174,11 +174,13 @@ def serve(
     """``mlrc worker CAMPAIGN.yaml``: register the campaign's studies (pre-flight unless
     ``options["checks"]`` is False), then serve them (:mod:`mlrc.search.campaign_pool`);
     exit 1 if a study failed."""
+    from mlrc import store
     from mlrc.cli.campaign import Printed
     from mlrc.search.campaign_pool import serve_campaign
     from mlrc.search.campaign_runner import prepare_campaign
     from mlrc.search.session import open_study
 
+    store.many_studies()  # many studies open at once: connections shared, none idle per study
     procs, chosen = options["procs"], device_list(devices)
     with interrupts(), user_errors():
         _, plan, _ = prepare_campaign(campaign_file, storage, device, quiet, options["track"],

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mlrc import store
 from mlrc.errors import stops_raise_at_once
 from mlrc.search.backends import backend_named
 from mlrc.search.campaign_pool import serve_campaign
@@ -102,6 +103,7 @@ def _campaign_worker(
 ) -> dict[str, str]:
     """One Ray task: a campaign worker on the shared store (the campaign registered and checked
     by the driver); the reason each study failed for it."""
+    store.many_studies()  # many studies open at once: connections shared, none idle per study
     _, plan, _ = prepare_campaign(
         Path(campaign_file), storage, device, True, track, checks=False, procs=procs,
         devices=devices,

@@ -60,16 +60,19 @@ def best_params(ctx: StudySession) -> dict[str, Any]:
     parameters: no search is needed."""
     if not ctx.resolved.space:
         return dict(ctx.resolved.fixed)
+    storage = store.optuna_storage(ctx.url)  # read once, then its connections closed
     try:
-        ostudy = optuna.load_study(study_name=ctx.name, storage=ctx.url)
+        ostudy = optuna.load_study(study_name=ctx.name, storage=storage)
+        complete = ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        best = ostudy.best_trial if complete else None
     except KeyError:  # Optuna: "Record does not exist."
-        ostudy = None
-    complete = ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if ostudy else []
-    if not complete:
+        best = None
+    finally:
+        storage.engine.dispose()
+    if best is None:
         raise StudyError(
             f"study {ctx.name!r} has no complete trial yet: run `mlrc study run` first"
         )
-    best = ostudy.best_trial
     if str(best.user_attrs.get("reason") or "").startswith(store.NONFINITE):
         raise StudyError(
             f"study {ctx.name!r}: every complete trial was scored 0 because its loss or "

@@ -177,6 +177,42 @@ def _lock_key(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
 
 
+# A process that keeps many studies open (a campaign worker) must not hold a pool of connections
+# per study: N workers × S studies × (mlrc's engine + Optuna's) exhaust the server's
+# max_connections. Set by many_studies(): mlrc's engine is one per URL in the process, Optuna's
+# storages hold no idle connection.
+_MANY_STUDIES = [False]
+_SHARED: dict[str, Engine] = {}
+
+
+def many_studies() -> None:
+    """From now on this process shares one mlrc engine per database URL between all its studies
+    (:func:`mlrc.store.connect`), and its Optuna storages on PostgreSQL close a connection when
+    it is given back (SQLAlchemy's ``NullPool``): the connections it holds do not grow with the
+    number of studies it has open."""
+    _MANY_STUDIES[0] = True
+
+
+def shared_engine(url: str, make: Callable[[], Engine]) -> Engine:
+    """``make()``, or in a process of :func:`many_studies` the engine it made for ``url`` the
+    first time."""
+    if not _MANY_STUDIES[0]:
+        return make()
+    if url not in _SHARED:
+        _SHARED[url] = make()
+    return _SHARED[url]
+
+
+def pool_options(url: str) -> dict[str, Any]:
+    """``create_engine`` keywords of an Optuna storage's pool for ``url`` (``NullPool`` in a
+    process of :func:`many_studies`, on PostgreSQL)."""
+    if _MANY_STUDIES[0] and not url.startswith("sqlite"):
+        from sqlalchemy.pool import NullPool
+
+        return {"poolclass": NullPool}
+    return {}
+
+
 def make_engine(url: str, read_only: bool = False) -> Engine:
     """An engine for ``url`` as it is: no table is created or checked (see :func:`mlrc.store.migrate.connect`).
 

@@ -33,7 +33,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect, select
 from sqlalchemy.engine import Engine
 
-from mlrc.store.engine import advisory_lock, make_engine, sqlite_file_lock
+from mlrc.store.engine import advisory_lock, make_engine, shared_engine, sqlite_file_lock
 from mlrc.store.optuna_tables import optuna_storage
 from mlrc.store.reconnect import StoreError, describe, redact
 from mlrc.store.schema import SCHEMA_VERSION, Base, Meta
@@ -270,6 +270,10 @@ def connect(url: str, read_only: bool = False) -> Engine:
     table creation is serialised by an advisory lock, so many workers may start at once.
     ``read_only`` (commands that only read): a SQLite file that does not exist is a
     :class:`StoreError` and is not created (a typo in the URL would show an empty store)."""
-    engine = make_engine(url, read_only)
-    prepare(engine, url)
-    return engine
+
+    def make() -> Engine:
+        engine = make_engine(url, read_only)
+        prepare(engine, url)
+        return engine
+
+    return shared_engine(url, make)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import create_engine, inspect, text
 
+from mlrc.store.engine import pool_options
 from mlrc.store.reconnect import retry, retry_connects
 
 if TYPE_CHECKING:
@@ -33,7 +34,8 @@ def optuna_storage(url: str, **heartbeat: Any) -> Any:
         return optuna.storages.RDBStorage(url, **heartbeat)
 
     def make() -> Any:  # it connects at once (its tables, its schema's version)
-        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, **heartbeat)
+        kwargs = {"pool_pre_ping": True, **pool_options(url)}
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **heartbeat)
 
     # mlrc's own engine connected first: a failure now is a restart (a worker started during
     # one exited 2), retried for the long window like any lost connection

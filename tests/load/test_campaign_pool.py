@@ -11,7 +11,7 @@ import time
 
 import pytest
 import yaml
-from sqlalchemy import select
+from sqlalchemy import select, text
 from test_pool import Worker, finish, with_password
 
 from mlrc import store
@@ -64,6 +64,15 @@ def _test_folds(url: str) -> list[FoldRun]:
     return runs
 
 
+def _connections(engine) -> int:  # noqa: ANN001
+    """Connections to this database now, this test's own poll excepted."""
+    with engine.connect() as c:
+        return c.execute(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )).scalar()  # fmt: skip
+
+
 def _held_test_fold(engine) -> FoldRun | None:  # noqa: ANN001
     """A test fold running past its first validated epoch (its ``last.pt`` written)."""
     with session(engine) as s:
@@ -102,8 +111,9 @@ def test_three_campaign_workers_finish_it_with_the_rows_of_campaign_run(
     workers = [Worker(path, url, art, tmp_path / f"w{i}.log", *extra) for i in range(3)]
     by_pid = {w.proc.pid: w for w in workers}
     engine = store.connect(url)
-    deadline, victim = time.monotonic() + 600, None
+    deadline, victim, most = time.monotonic() + 600, None, 0
     while victim is None and time.monotonic() < deadline:
+        most = max(most, _connections(engine))
         fold = _held_test_fold(engine)
         holder = fold and by_pid.get(int(fold.provenance["worker"].rsplit(":", 1)[1]))
         if holder is not None and holder.proc.poll() is None:
@@ -111,6 +121,9 @@ def test_three_campaign_workers_finish_it_with_the_rows_of_campaign_run(
         time.sleep(0.05)
     assert victim is not None, "no test fold reached its second epoch in a worker"
     worker, killed = victim
+    # each worker has the 4 studies open: one shared mlrc engine, Optuna's connections only
+    # while in use (a pool per study and per engine: some 10 idle connections per worker)
+    assert most <= 3 * 8, f"{most} connections open for 3 workers"
     worker.proc.send_signal(signal.SIGKILL)
     worker.proc.wait()
     finish([w for w in workers if w is not worker], timeout=900)

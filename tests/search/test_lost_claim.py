@@ -257,16 +257,16 @@ def test_a_stop_while_another_worker_holds_the_lock_still_records_the_trial(
     tmp_path, fresh_database, monkeypatch, caplog
 ):
     """A SIGTERM (Slurm's scancel) reaches a worker while another holds the study's lock (it is
-    claiming): recording the interruption waits for the lock through the stop, instead of the
-    stop cutting the wait short and leaving the trial RUNNING until its heartbeat goes stale."""
-    name, held = "stop_waits", threading.Event()
+    claiming, or stuck): the interruption is recorded at once, without the lock — not after
+    the other's claim, nor left RUNNING until its heartbeat goes stale."""
+    name, held, released = "stop_waits", threading.Event(), threading.Event()
     run_objective = local.run_objective
 
     def stopped_while_locked(ctx, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        def rival() -> None:  # another worker's claim, holding the lock for 1.5 s
+        def rival() -> None:  # another worker's claim, holding the lock until the test's end
             with store.advisory_lock(ctx.engine, f"mlrc-study:{name}"):
                 held.set()
-                time.sleep(1.5)
+                released.wait(60)
 
         threading.Thread(target=rival, daemon=True).start()
         held.wait(10)
@@ -285,9 +285,12 @@ def test_a_stop_while_another_worker_holds_the_lock_still_records_the_trial(
             S.run_search(ctx)
     finally:
         forget_stop_signals()
-    assert "not recorded as interrupted" not in caplog.text
-    ostudy = optuna.load_study(study_name=name, storage=store.optuna_storage(fresh_database))
-    t = ostudy.trials[0]  # its retry, enqueued, waits for the next run
+    try:  # recorded while the rival still holds the lock
+        assert "not recorded as interrupted" not in caplog.text
+        ostudy = optuna.load_study(study_name=name, storage=store.optuna_storage(fresh_database))
+        t = ostudy.trials[0]
+    finally:
+        released.set()
     assert t.state.name == "FAIL" and t.user_attrs["reason"].startswith("interrupted")
     engine = create_engine(fresh_database)
     with engine.connect() as c:

@@ -382,12 +382,15 @@ def _record_interrupt(
     reason: str = INTERRUPTED,
 ) -> None:
     """The claimed trial, if still RUNNING, as interrupted now with ``reason`` (a failure here
-    is only logged)."""
+    is only logged). Without the study's lock, so that a stop never waits behind other
+    workers' claims: no other worker writes this trial while its heartbeat is fresh, and the
+    order of :func:`retry_interrupted` (the retry committed before Optuna's FAIL) lets a claim
+    that reads the trials meanwhile see it RUNNING, or FAIL with its retry — never FAIL alone,
+    which it would retry a second time."""
     try:
-        with store.advisory_lock(ctx.engine, f"mlrc-study:{ctx.name}", stopping=True):
-            t = storage.get_trial(claim.trial_id)
-            if t.state == TrialState.RUNNING:
-                retry_interrupted(ctx, ostudy, storage, study_id, t, reason)
+        t = storage.get_trial(claim.trial_id)
+        if t.state == TrialState.RUNNING:
+            retry_interrupted(ctx, ostudy, storage, study_id, t, reason)
     except Exception as e:  # noqa: BLE001 — recovered later (next run / heartbeat); one line
         log.warning(
             "trial %d not recorded as interrupted now (%s); it is recovered later",
