@@ -4,6 +4,7 @@ same campaign in another store, and a worker killed mid-test-fold losing nothing
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import time
 import pytest
 import yaml
 from sqlalchemy import select, text
-from test_pool import Worker, finish, with_password
+from test_pool import Worker, finish, optuna_trials, with_password
 
 from mlrc import store
 from mlrc.store.engine import session
@@ -39,6 +40,10 @@ CAMPAIGN = {
     },
 }
 STUDIES = [f"served-glyphs-{loss}" for loss in LOSSES]
+
+
+def doc_studies(doc: dict) -> list[str]:
+    return [f"{doc['name']}-glyphs-{loss}" for loss in doc["losses"]]
 
 
 def _rows(url: str) -> dict[tuple, tuple]:
@@ -196,3 +201,27 @@ def test_campaign_run_on_ray_serves_it_with_campaign_workers(tmp_path, fresh_dat
     served = _rows(fresh_database)
     assert served == reference
     _check_trials_and_members(fresh_database)
+
+
+def test_packed_campaign_workers_share_one_device(tmp_path, fresh_database):
+    """``mlrc worker CAMPAIGN.yaml --per-gpu 2``: two campaign workers as children of one
+    command (the pre-flight once, in the parent), both serving the campaign to its end."""
+    doc = {**CAMPAIGN, "name": "packed", "losses": LOSSES[:2], "search": {"trials": 2, "seed": 1}}
+    path = tmp_path / "packed.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    cmd = [sys.executable, "-m", "mlrc.cli", "worker", str(path), "--storage", fresh_database,
+           "--artifacts", str(tmp_path / "art"), "--per-gpu", "2", "--threads", "1"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    pids = [int(p) for p in out.split("pids [", 1)[1].split("]", 1)[0].split(", ")]
+    ran = {int(t.user_attrs["worker"].rsplit(":", 1)[1]) for name in doc_studies(doc)
+           for t in optuna_trials(fresh_database, name)}  # fmt: skip
+    logged = {p for p in pids if f"worker {p} INFO" in out}  # a test fold or rows it took
+    assert len(pids) == 2 and ran <= set(pids) and ran | logged == set(pids), (ran, logged)
+    shown = subprocess.run(
+        [sys.executable, "-m", "mlrc.cli", "campaign", "status", str(path), "--storage",
+         fresh_database, "--json"], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    studies = json.loads(shown.stdout)["studies"]
+    assert [s["state"] for s in studies] == ["done", "done"], shown.stdout
