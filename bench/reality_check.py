@@ -3,6 +3,7 @@
     .venv/bin/python bench/reality_check.py export --storage URL [--all] [--out DIR]
     .venv/bin/python bench/reality_check.py import --storage URL [--files DIR]
     .venv/bin/python bench/reality_check.py check --storage URL [--corpus FILE]
+    .venv/bin/python bench/reality_check.py corpus --storage URL [--out FILE]
 
 ``export`` writes one compact file per finished study of the campaign
 (``studies/campaigns/cpu-reality-check/<study>.json.gz``, :mod:`mlrc.search.transfer`: its trials,
@@ -14,11 +15,17 @@ clone), skipping studies it has: ``mlrc campaign run`` then resumes where the fi
 studies must repeat the pruning corpus's studies (bench/pruning.py: same sampler, seed and
 preset; a trial's parameters and fold seeds do not depend on the study's name), trial for
 trial — parameters, state, value and every fold's validation curve, exactly.
+``corpus`` writes the replay corpus of the campaign's finished studies
+(``bench/corpus/cpu-reality-check.json.gz``, :func:`mlrc.search.replay.write_corpus`): each
+study's trials and fold curves, and its reproductions' fold validation values (the reseeds that
+give δ to ``mlrc replay --certify``), with the machine, the date and the commit.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import subprocess
 import sys
 from pathlib import Path
 
@@ -40,6 +47,7 @@ from mlrc.search.transfer import (  # noqa: E402
 CAMPAIGN = REPO / "studies/campaigns/cpu-reality-check.yaml"
 FILES = REPO / "studies/campaigns/cpu-reality-check"
 CORPUS = REPO / "bench/corpus/cpu-omniglot-glyphs.json.gz"
+REALITY_CORPUS = REPO / "bench/corpus/cpu-reality-check.json.gz"
 
 
 def study_names() -> list[tuple[str, str, str]]:
@@ -98,21 +106,45 @@ def check(url: str, corpus: Path) -> int:
     return bad
 
 
+def corpus(url: str, out: Path) -> None:
+    """The replay corpus of every finished study of the campaign (see the module docstring)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from common import machine
+
+    engine = store.connect(url, read_only=True)
+    done = [n for n, _, _ in study_names() if progress(engine, n).state == "done"]
+    studies = [rp.recorded_study(engine, n) for n in done]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    about = {
+        "made_by": "bench/reality_check.py corpus " + " ".join(sys.argv[2:]),
+        "campaign": str(CAMPAIGN.relative_to(REPO)),
+        "machine": machine(),
+        "date": dt.date.today().isoformat(),
+        "commit": commit.stdout.strip(),
+        "preset": "cpu",
+        "trials": 50,
+    }
+    print(f"wrote {rp.write_corpus(studies, out, about)} ({len(studies)} studies)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for cmd in ("export", "import", "check"):
+    for cmd in ("export", "import", "check", "corpus"):
         p = sub.add_parser(cmd)
         p.add_argument("--storage", required=True, help="SQLAlchemy URL of the campaign's store")
     sub.choices["export"].add_argument("--all", action="store_true", help="unfinished too")
     sub.choices["export"].add_argument("--out", type=Path, default=FILES, help="folder")
     sub.choices["import"].add_argument("--files", type=Path, default=FILES, help="folder")
     sub.choices["check"].add_argument("--corpus", type=Path, default=CORPUS)
+    sub.choices["corpus"].add_argument("--out", type=Path, default=REALITY_CORPUS, help="file")
     a = ap.parse_args()
     if a.cmd == "export":
         export(a.storage, a.all, a.out)
     elif a.cmd == "import":
         restore(a.storage, a.files)
+    elif a.cmd == "corpus":
+        corpus(a.storage, a.out)
     else:
         sys.exit(1 if check(a.storage, a.corpus) else 0)
 

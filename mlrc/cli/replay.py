@@ -49,6 +49,45 @@ def replay(
     as_json: Annotated[
         bool, typer.Option("--json", help="one JSON object per study and line")
     ] = False,
+    certify: Annotated[
+        bool,
+        typer.Option(
+            "--certify",
+            help="certify rules over the studies: within-δ and exact-choice rates with "
+            "Clopper–Pearson bounds at each budget, tuned leaving one study and one dataset out",
+        ),
+    ] = False,
+    rule: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rule",
+            help="with --certify: a candidate PRUNER[+STOP], e.g. none+gain:slack=0.01 "
+            "(repeat it; the unpruned search is always one)",
+        ),
+    ] = None,
+    budgets: Annotated[
+        str, typer.Option("--budgets", help="with --certify: study lengths, comma-separated")
+    ] = "20,30,40,50",
+    delta: Annotated[
+        float | None,
+        typer.Option(
+            "--delta",
+            min=0.0,
+            help="with --certify: δ (MAP@R as a fraction) for every dataset, instead of the "
+            "seed-to-seed spread measured from the studies' reproductions",
+        ),
+    ] = None,
+    permutations: Annotated[
+        int,
+        typer.Option(
+            "--permutations",
+            min=0,
+            help="with --certify: replay the recommended rule on N permuted trial and fold "
+            "orders (a robustness figure)",
+        ),
+    ] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="of the permutations")] = 0,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, help="processes for --certify")] = 1,
 ) -> None:
     """Replay finished, unpruned studies under a pruner and an in-fold stopping rule, without
     training: per study, the fold-epochs spent (a fraction of the unpruned study's), whether
@@ -63,6 +102,10 @@ def replay(
     with user_errors():
         rules = rp.parse_rules(pruner, stop)
         recorded = _recorded(studies or [], corpus, storage)
+        if certify:
+            candidates = [rules, *(_rule(r) for r in rule or [])]
+            how = (_budgets(budgets), delta, permutations, seed, jobs)
+            return _certify(recorded, candidates, *how, as_json=as_json)
         if trials is not None:
             recorded = [rp.first_trials(s, trials) for s in recorded]
         results = [rp.replay(s, rules) for s in recorded]
@@ -116,3 +159,79 @@ def _table(results: list, label: str) -> None:
             f"mean regret {mean_regret:.2f} MAP@R points",
             highlight=False,
         )
+
+
+def _rule(spec: str):  # noqa: ANN202
+    """``PRUNER[+STOP]`` → :class:`~mlrc.search.pruning.Rules`."""
+    from mlrc.search import replay as rp
+
+    pruner, _, stop = spec.partition("+")
+    return rp.parse_rules(pruner.strip() or "none", stop.strip() or None)
+
+
+def _budgets(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(sorted({int(b) for b in text.split(",") if b.strip()}))
+    except ValueError:
+        fail(f"--budgets {text}: expected whole numbers separated by commas, e.g. 20,30,40,50")
+    if not out or out[0] < 1:
+        fail(f"--budgets {text}: expected study lengths of 1 or more trials")
+    return out
+
+
+def _certify(
+    recorded: list,
+    candidates: list,
+    budgets: tuple[int, ...],
+    delta: float | None,
+    permutations: int,
+    seed: int,
+    jobs: int,
+    as_json: bool,
+) -> None:
+    """``--certify``: :func:`mlrc.search.certify.certify` (with ``permutations``: the
+    robustness of the rule it recommends)."""
+    from mlrc.search import certify as cf
+
+    with console.status("replaying every rule on every study at every budget…"):
+        out = cf.certify(recorded, candidates, budgets, delta, jobs, permutations, seed)
+    if as_json:
+        sys.stdout.write(json.dumps(out) + "\n")
+        return
+    _certificate(out)
+
+
+def _certificate(out: dict) -> None:
+    """The figures of ``--certify`` as tables: per budget, each rule in sample, then the
+    tuning left out."""
+    deltas = ", ".join(f"{d} {100 * v:.2f} pts" for d, v in out["delta"].items())
+    console.print(f"{counted(len(out['studies']), 'study')}; δ: {deltas}", highlight=False)
+    for n, at in out["budgets"].items():
+        table = Table(title=f"{n} trials (oracle {at['oracle']:.2f}×, floor {at['floor']:.2f}×)")
+        for c in ("rules", "× unpruned", "within δ", "lower 95 %", "exact", "mean / worst regret"):
+            table.add_column(c, justify="left" if c == "rules" else "right")
+        rows = [(lb, f) for lb, f in at["rules"].items()]
+        for key, name in (("leave_one_study_out", "tuned, one study out"),
+                          ("leave_one_dataset_out", "tuned, one dataset out")):  # fmt: skip
+            if at[key] is not None:
+                rows.append((name, at[key]))
+        for label, f in rows:
+            table.add_row(
+                label,
+                f"{f['fold_epochs_fraction']:.2f}",
+                f"{f['within']} of {f['studies']}",
+                f"{f['within_bounds'][0]:.2f}",
+                f"{f['exact']} of {f['studies']}",
+                f"{100 * f['mean_regret']:.2f} / {100 * f['worst_regret']:.2f} pts",
+            )
+        print_table(table)
+    console.print(f"recommended (in sample, longest budget): {out['recommended']}", highlight=False)
+    if rob := out.get("robustness"):
+        for n in out["budgets"]:
+            r = rob[n]
+            console.print(
+                f"{n} trials, {rob['permutations']} permuted orders: within δ "
+                f"{r['within_rate_mean']:.2f} (worst {r['within_rate_worst']:.2f}), "
+                f"{r['fold_epochs_fraction_mean']:.2f}× (worst {r['fold_epochs_fraction_worst']:.2f}×)",
+                highlight=False,
+            )

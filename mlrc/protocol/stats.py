@@ -49,3 +49,22 @@ def separated_mean(
     keys = fold_metrics[0].keys()
     means = {k: float(np.mean([fold_metrics[i][k] for i in kept])) for k in keys}
     return means, kept
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """One-sided exact (Clopper–Pearson) bounds on a binomial proportion from k successes in n:
+    (lower, upper), each at ``level`` on its own side: P(p < lower) ≤ 1 − level.
+
+    lower = Beta⁻¹(1 − level; k, n − k + 1) (0 when k = 0), upper = Beta⁻¹(level; k + 1, n − k)
+    (1 when k = n). With k = n the lower bound is (1 − level)^(1/n): 24 of 24 gives 0.883.
+    """
+    if n < 1 or not 0 <= k <= n:
+        raise ValueError(f"need 0 ≤ k ≤ n and n ≥ 1 (got k={k}, n={n})")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"confidence level must be in (0, 1), got {level}")
+    from scipy import stats
+
+    alpha = 1.0 - level
+    lower = 0.0 if k == 0 else float(stats.beta.ppf(alpha, k, n - k + 1))
+    upper = 1.0 if k == n else float(stats.beta.ppf(level, k + 1, n - k))
+    return lower, upper

@@ -91,6 +91,9 @@ class RecordedStudy:
     n_folds: int
     epochs: tuple[int, ...]  # the epochs at which a fold validates
     trials: tuple[RecordedTrial, ...]
+    # the test stage's reproductions (reseeds of the chosen configuration on the same folds):
+    # per reproduction, each fold's validation value (best trained epoch), folds ascending
+    reseeds: tuple[tuple[float, ...], ...] = ()
 
     def full_choice(self) -> RecordedTrial:
         """The trial the full protocol picks: the best complete one (the first on a tie)."""
@@ -339,6 +342,22 @@ def recorded_study(engine: Any, name: str, finished: bool = True) -> RecordedStu
             int(every.get(st.dataset, every.get("default", 1))), int(preset["max_epochs"])
         ),
         trials=trials,
+        reseeds=reseeds(engine, st.id, int(preset.get("folds") or 4)),
+    )
+
+
+def reseeds(engine: Any, study_id: int, n_folds: int) -> tuple[tuple[float, ...], ...]:
+    """Each complete reproduction's fold validation values (the search's objective: best
+    trained epoch's), folds ascending; a reproduction with a fold missing or failed is left
+    out."""
+    by: dict[int, dict[int, float]] = {}
+    for r in store.trials.fold_runs(engine, study_id):
+        if r.kind == "test" and r.status == "complete" and r.objective is not None:
+            by.setdefault(r.reproduction, {})[r.fold] = r.objective
+    return tuple(
+        tuple(folds[f] for f in range(n_folds))
+        for _, folds in sorted(by.items())
+        if len(folds) == n_folds
     )
 
 
@@ -390,7 +409,9 @@ def read_corpus(path: Path) -> tuple[dict[str, Any], list[RecordedStudy]]:
             )
             for t in s["trials"]
         )
-        out.append(RecordedStudy(**{**s, "epochs": tuple(s["epochs"]), "trials": trials}))
+        reseeds = tuple(map(tuple, s.get("reseeds", ())))
+        fields = {**s, "epochs": tuple(s["epochs"]), "trials": trials, "reseeds": reseeds}
+        out.append(RecordedStudy(**fields))
     return doc.get("about", {}), out
 
 
