@@ -51,33 +51,39 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 OMNIGLOT_DEFAULT = REPO.parent / "shared" / "datasets" / "omniglot" / "images_background_small1.zip"
 
 
-# The test files that take longest (over ~50 s each in a two-process run on 2 cores), heaviest
-# first. `make test` runs files on two processes in collection order (--dist loadfile): these
-# start first, so the two processes end together instead of one running a long file alone at
+# The test files that take longest (40 s or more each in a two-process run on the 2-core VM,
+# measured from a run's junit XML), heaviest first. `make test` runs files on two processes in
+# collection order (--dist loadfile): these start first, so the two processes end together instead of one running a long file alone at
 # the end. A file missing here only costs balance.
 HEAVY_FIRST = [
-    "load/test_ranks_pool.py",
     "e2e/test_invariants.py",
+    "load/test_ranks_pool.py",
+    "load/test_campaign_pool.py",
     "load/test_ray.py",
-    "search/test_session.py",
     "load/test_slurm.py",
-    "e2e/test_tutorial.py",
     "load/test_pool.py",
+    "e2e/test_tutorial.py",
+    "search/test_session.py",
     "search/test_retention.py",
-    "search/test_settings.py",
-    "bad_inputs/test_crash_consistency.py",
     "load/test_pool_load.py",
-    "load/test_soak.py",
-    "search/test_export.py",
     "e2e/test_wheel.py",
+    "search/test_campaign_runner.py",
+    "search/test_settings.py",
+    "train/test_gpu_bench.py",
+    "train/test_gpu_check.py",
+    "load/test_soak.py",
+    "bad_inputs/test_crash_consistency.py",
     "report/test_dashboard.py",
+    "search/test_export.py",
     "cli/test_cli.py",
     "train/test_distributed.py",
-    "train/test_gpu_check.py",
-    "train/test_ranks.py",
-    "search/test_campaign_runner.py",
-    "train/test_gpu_bench.py",
+    "bad_inputs/test_stop_signals.py",
     "e2e/test_plugin_package.py",
+    "search/test_transfer.py",
+    "e2e/test_fidelity.py",
+    "train/test_ranks.py",
+    "bad_inputs/test_store.py",
+    "search/test_retrieval_views.py",
 ]
 
 
