@@ -18,6 +18,53 @@ from mlrc.errors import counted
 __all__ = ["replay"]
 
 
+StopOpt = Annotated[
+    str,
+    typer.Option(
+        "--stop",
+        help="none or gain[:quantile=Q,slack=S,fold_slack=E,startup=N,future=F] (inside a fold)",
+    ),
+]
+# the options of --certify (mlrc.search.certify)
+CertifyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--certify",
+        help="certify rules over the studies: within-δ and exact-choice rates with "
+        "Clopper–Pearson bounds at each budget, tuned leaving one study and one dataset out",
+    ),
+]
+RuleOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--rule",
+        help="with --certify: a candidate PRUNER[+STOP], e.g. none+gain:slack=0.01 "
+        "(repeat it; the unpruned search is always one)",
+    ),
+]
+BudgetsOpt = Annotated[
+    str, typer.Option("--budgets", help="with --certify: study lengths, comma-separated")
+]
+DeltaOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--delta",
+        min=0.0,
+        help="with --certify: δ (MAP@R as a fraction) for every dataset, instead of the "
+        "seed-to-seed spread measured from the studies' reproductions",
+    ),
+]
+PermutationsOpt = Annotated[
+    int,
+    typer.Option(
+        "--permutations",
+        min=0,
+        help="with --certify: replay the recommended rule on N permuted trial and fold "
+        "orders (a robustness figure)",
+    ),
+]
+
+
 def replay(
     studies: Annotated[
         list[str] | None, typer.Argument(help="finished, unpruned studies in the store")
@@ -26,13 +73,7 @@ def replay(
         str,
         typer.Option("--pruner", help="none, median[:startup=N] or wilcoxon[:p=P] (between folds)"),
     ] = "none",
-    stop: Annotated[
-        str,
-        typer.Option(
-            "--stop",
-            help="none or gain[:quantile=Q,slack=S,fold_slack=E,startup=N,future=F] (inside a fold)",
-        ),
-    ] = "none",
+    stop: StopOpt = "none",
     storage: StorageOpt = DEFAULT_STORAGE,
     corpus: Annotated[
         Path | None,
@@ -49,43 +90,11 @@ def replay(
     as_json: Annotated[
         bool, typer.Option("--json", help="one JSON object per study and line")
     ] = False,
-    certify: Annotated[
-        bool,
-        typer.Option(
-            "--certify",
-            help="certify rules over the studies: within-δ and exact-choice rates with "
-            "Clopper–Pearson bounds at each budget, tuned leaving one study and one dataset out",
-        ),
-    ] = False,
-    rule: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--rule",
-            help="with --certify: a candidate PRUNER[+STOP], e.g. none+gain:slack=0.01 "
-            "(repeat it; the unpruned search is always one)",
-        ),
-    ] = None,
-    budgets: Annotated[
-        str, typer.Option("--budgets", help="with --certify: study lengths, comma-separated")
-    ] = "20,30,40,50",
-    delta: Annotated[
-        float | None,
-        typer.Option(
-            "--delta",
-            min=0.0,
-            help="with --certify: δ (MAP@R as a fraction) for every dataset, instead of the "
-            "seed-to-seed spread measured from the studies' reproductions",
-        ),
-    ] = None,
-    permutations: Annotated[
-        int,
-        typer.Option(
-            "--permutations",
-            min=0,
-            help="with --certify: replay the recommended rule on N permuted trial and fold "
-            "orders (a robustness figure)",
-        ),
-    ] = 0,
+    certify: CertifyOpt = False,
+    rule: RuleOpt = None,
+    budgets: BudgetsOpt = "20,30,40,50",
+    delta: DeltaOpt = None,
+    permutations: PermutationsOpt = 0,
     seed: Annotated[int, typer.Option("--seed", help="of the permutations")] = 0,
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="processes for --certify")] = 1,
 ) -> None:
