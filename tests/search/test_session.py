@@ -36,6 +36,8 @@ TINY = {
     "max_epochs": 2,
     "validate_every": {"default": 1},
     "patience": {"default": 5},
+    "image": {"resize": 20, "crop": 16},  # 16-px crops: a quarter of the 32-px compute
+    "eval_batch_size": 256,
 }
 
 
@@ -146,7 +148,8 @@ def test_concatenated_result_recomputed_from_the_saved_models(finished_study):
     parts = []
     for f in folds:
         model = load_model(preset, f.checkpoint)
-        view = View(ds, split.test_classes, eval_transform(36, 32, model.trunk.input_spec))
+        size = (preset.image.resize, preset.image.crop)
+        view = View(ds, split.test_classes, eval_transform(*size, model.trunk.input_spec))
         emb, labels = embed(model, view, preset.eval_batch_size, "cpu")
         parts.append(emb)
     assert sorted(set(labels.tolist())) == list(range(len(split.test_classes)))
