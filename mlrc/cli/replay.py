@@ -71,7 +71,10 @@ def replay(
     ] = None,
     pruner: Annotated[
         str,
-        typer.Option("--pruner", help="none, median[:startup=N] or wilcoxon[:p=P] (between folds)"),
+        typer.Option(
+            "--pruner",
+            help="none, median[:startup=N], wilcoxon[:p=P] or sequential[:delta=D,alpha=A,startup=N] (between folds)",
+        ),
     ] = "none",
     stop: StopOpt = "none",
     storage: StorageOpt = DEFAULT_STORAGE,

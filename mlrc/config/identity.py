@@ -108,13 +108,16 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     **{
         (part, "search", k): None
         for part in ("study", "preset")
-        for k in ("pruner", "prune_startup", "prune_p", "stop")
+        for k in ("pruner", "prune_startup", "prune_p", "stop", "prune_delta", "prune_alpha")
     },
     ("pruner",): "none",
     ("prune_startup",): 5,
     # Wilcoxon pruning and in-fold stopping (#25)
     ("prune_p",): 0.3,
     ("stop",): None,
+    # the sequential pruner (#42)
+    ("prune_delta",): 0.04,
+    ("prune_alpha",): 0.05,
     # timm trunks and the modern preset
     ("preset", "freeze_layernorm"): False,
     ("preset", "normalize"): None,

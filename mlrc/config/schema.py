@@ -240,10 +240,14 @@ class SearchSpec(Strict):
     # Opt-in pruning (off in the reference preset), between folds: ``median`` stops a trial
     # whose running mean of fold MAP@R after fold k is below the median of the complete trials'
     # (after ``prune_startup`` of them); ``wilcoxon`` stops one whose fold values are worse than
-    # the best trial's by a one-sided Wilcoxon signed-rank test at p < ``prune_p``.
-    pruner: Literal["none", "median", "wilcoxon"] | None = None
+    # the best trial's by a one-sided Wilcoxon signed-rank test at p < ``prune_p``;
+    # ``sequential`` stops one whose paired fold differences from the best trial's fall below
+    # Kim & Nelson's region for an indifference zone ``prune_delta`` and error ``prune_alpha``.
+    pruner: Literal["none", "median", "wilcoxon", "sequential"] | None = None
     prune_startup: int | None = Field(None, ge=0)  # complete trials before any pruning
     prune_p: float | None = Field(None, gt=0, le=1)  # wilcoxon's p-threshold
+    prune_delta: float | None = Field(None, gt=0, le=1)  # sequential's δ (MAP@R, a fraction)
+    prune_alpha: float | None = Field(None, gt=0, lt=0.5)  # sequential's α per trial
     # Opt-in, inside a fold: stop it when the trial cannot plausibly beat the incumbent
     stop: StopSpec | None = None
 

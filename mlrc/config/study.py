@@ -49,9 +49,11 @@ class ResolvedStudy(Strict):
     trials: int
     sampler: Literal["gp", "tpe", "ax"]
     reproductions: int
-    pruner: Literal["none", "median", "wilcoxon"] = "none"
+    pruner: Literal["none", "median", "wilcoxon", "sequential"] = "none"
     prune_startup: int = 5
     prune_p: float = 0.3  # wilcoxon: with 4 folds no test reaches p < 0.125 (3 worse of 3)
+    prune_delta: float = 0.04  # sequential: the indifference zone δ (MAP@R, a fraction)
+    prune_alpha: float = 0.05  # sequential: the error α of one trial's test
     stop: StopSpec | None = None  # in-fold stopping (search.stop), None: off
     keep: Literal["resume", "best", "all"] = "resume"  # checkpoint retention (artifacts.keep)
     split: ResolvedSplit | None = None  # the study's ``split:`` read and checked; None: MLRC's
@@ -209,6 +211,8 @@ def resolve(study: StudyConfig, source: str = "study", base: Path | None = None)
         pruner=study.search.pruner or preset.search.pruner or "none",
         prune_startup=_first_set(study.search.prune_startup, preset.search.prune_startup, 5),
         prune_p=_first_set(study.search.prune_p, preset.search.prune_p, 0.3),
+        prune_delta=_first_set(study.search.prune_delta, preset.search.prune_delta, 0.04),
+        prune_alpha=_first_set(study.search.prune_alpha, preset.search.prune_alpha, 0.05),
         stop=study.search.stop or preset.search.stop,
         keep=study.artifacts.keep or "resume",
         split=split,

@@ -59,11 +59,15 @@ COMPARISON_EXCLUDED: dict[str, str] = {
     "study.search.pruner": "compared as resolved (pruner)",
     "study.search.prune_startup": "compared as resolved (prune_startup)",
     "study.search.prune_p": "compared as resolved (prune_p)",
+    "study.search.prune_delta": "compared as resolved (prune_delta)",
+    "study.search.prune_alpha": "compared as resolved (prune_alpha)",
     "study.search.stop": "compared as resolved (stop)",
     "pruner": "opt-in pruning saves compute, like a smaller budget: its rows are marked "
     f"{DDAGGER} with a note (the rules and their measured risk) instead",
     "prune_startup": "part of the pruning, see pruner",
     "prune_p": "part of the pruning, see pruner",
+    "prune_delta": "part of the pruning, see pruner",
+    "prune_alpha": "part of the pruning, see pruner",
     "stop": "in-fold stopping (search.stop) is part of the pruning, see pruner",
 }
 

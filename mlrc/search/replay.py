@@ -415,12 +415,17 @@ def read_corpus(path: Path) -> tuple[dict[str, Any], list[RecordedStudy]]:
     return doc.get("about", {}), out
 
 
-_PRUNER_KEYS = {"median": {"startup": "prune_startup"}, "wilcoxon": {"p": "prune_p"}, "none": {}}
+_PRUNER_KEYS = {
+    "median": {"startup": "prune_startup"},
+    "wilcoxon": {"p": "prune_p"},
+    "sequential": {"delta": "prune_delta", "alpha": "prune_alpha", "startup": "prune_startup"},
+    "none": {},
+}
 
 
 def parse_rules(pruner: str, stop: str | None = None) -> Rules:
     """:class:`Rules` from command-line specs: ``--pruner none | median[:startup=N] |
-    wilcoxon[:p=P]`` and ``--stop none |
+    wilcoxon[:p=P] | sequential[:delta=D,alpha=A,startup=N]`` and ``--stop none |
     gain[:quantile=Q,slack=S,fold_slack=E,startup=N,future=incumbent|best]``; a
     :class:`StudyError` of one line for a bad one (with a "did you mean")."""
     name, kv = _spec(pruner, "--pruner")

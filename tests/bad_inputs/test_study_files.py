@@ -170,8 +170,18 @@ WRONG_TYPES = [
     case(
         "pruner-typo",
         patch("search: {pruner: wilcoxn}"),
-        "search.pruner: Input should be 'none', 'median' or 'wilcoxon' (got 'wilcoxn'); "
-        "did you mean 'wilcoxon'?",
+        "search.pruner: Input should be 'none', 'median', 'wilcoxon' or 'sequential' "
+        "(got 'wilcoxn'); did you mean 'wilcoxon'?",
+    ),
+    case(
+        "prune-alpha-half",
+        patch("search: {pruner: sequential, prune_alpha: 0.5}"),
+        "search.prune_alpha: Input should be less than 0.5",
+    ),
+    case(
+        "prune-delta-negative",
+        patch("search: {pruner: sequential, prune_delta: -0.01}"),
+        "search.prune_delta: Input should be greater than 0",
     ),
     case(
         "prune-p-zero",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,6 +165,10 @@ def test_unfinished_study_is_refused(tmp_path):
         ("median:p=0.1", None, "median has no setting 'p'"),
         ("wilcoxon:p=2", None, "p must be in (0, 1]"),
         ("wilcoxon:p=x", None, "p: not a number ('x')"),
+        ("sequential:alpha=0.5", None, "alpha must be in (0, 0.5) (got 0.5)"),
+        ("sequential:delta=0", None, "delta must be in (0, 1] (got 0)"),
+        ("sequential:p=0.1", None, "sequential has no setting 'p'"),
+        ("sequential:delt=0.1", None, "did you mean 'delta'?"),
         ("none", "gain:quantile=0", "quantile: Input should be greater than 0"),
         ("none", "gain:slak=1", "gain has no setting 'slak'; did you mean 'slack'?"),
         ("none", "gain:fold_slak=1", "did you mean 'fold_slack'?"),
@@ -327,3 +332,69 @@ def test_replay_hook_spends_what_a_hand_count_says():
     ]
     assert seen == [(0, []), (1, []), (0, [t0[0]]), (0, [t0[0]])]
     assert rp.replay(study, Rules()).trial_epochs == {0: 8, 1: 7, 2: 8}  # no rule: everything
+
+
+# --- the sequential pruner (#42): replay against the formula, and against a live run --------
+
+CORPUS = Path(__file__).resolve().parents[2] / "bench" / "corpus" / "cpu-reality-check.json.gz"
+
+
+def _naive_sequential(study, delta: float, alpha: float, startup: int) -> dict[int, str]:
+    """Decisions of the sequential pruner by hand, in the recorded order: Kim & Nelson's region
+    −max(0, h² s²/(2δ) − δr/2) for the sum of the paired fold differences against the best
+    complete trial, h² = df·((2α)^(−2/df) − 1), s² pooled over the 5 next-best complete
+    trials with every fold (each trial's differences around their own mean)."""
+    complete, out = [], {}  # complete: (number, value, {fold: value}) as the replay ends them
+    for t in study.trials:
+        folds = []
+        for f in t.folds:
+            if f.status != "complete" or f.objective is None:
+                break
+            folds.append(f)
+        how = "complete" if t.state == "complete" else "failed"
+        full = sorted(
+            (c for c in complete if len(c[2]) == study.n_folds), key=lambda c: (-c[1], c[0])
+        )
+        if len(complete) >= max(2, startup) and full:
+            inc = full[0][2]
+            groups = [[c[2][k] - inc[k] for k in sorted(c[2])] for c in full[1:6]]
+            df = sum(len(g) - 1 for g in groups)
+            ss = sum(sum((x - sum(g) / len(g)) ** 2 for x in g) for g in groups)
+            for r in range(1, min(len(folds), study.n_folds - 1) + 1) if df else ():
+                h2 = df * ((2 * alpha) ** (-2 / df) - 1)
+                total = sum(f.objective - inc[f.fold] for f in folds[:r])
+                if total < -max(0.0, h2 * (ss / df) / (2 * delta) - delta * r / 2):
+                    how = "pruned"
+                    break
+        out[t.number] = how
+        if how == "complete" and t.value is not None:
+            complete.append((t.number, t.value, {f.fold: f.objective for f in folds}))
+    return out
+
+
+def test_sequential_replay_matches_a_hand_computation_on_the_corpus():
+    _, recorded = rp.read_corpus(CORPUS)
+    pruned = 0
+    for delta, alpha, startup in [(0.04, 0.05, 5), (0.02, 0.2, 3)]:
+        rules = Rules("sequential", startup, prune_delta=delta, prune_alpha=alpha)
+        for study in recorded:
+            res = rp.replay(study, rules)
+            assert res.decisions == _naive_sequential(study, delta, alpha, startup), study.name
+            pruned += res.pruned
+    assert pruned > 50  # the rule prunes on this corpus: the comparison is not of two no-ops
+
+
+def test_a_live_sequential_study_takes_the_replays_decisions(studies, tmp_path):
+    engine, full = studies
+    url = str(engine.url)
+    search = {"pruner": "sequential", "prune_delta": 0.02, "prune_alpha": 0.2, "prune_startup": 2}
+    _run(tmp_path, "live-seq", url, {**search, "enqueue": [t.params for t in full.trials]})
+    sid = store.studies.study_named(engine, "live-seq").id
+    live = {t.number: t for t in store.trials.study_trials(engine, sid)}
+    res = rp.replay(full, Rules("sequential", 2, prune_delta=0.02, prune_alpha=0.2))
+    assert res.decisions == {n: t.state for n, t in live.items()}
+    assert res.decisions == _naive_sequential(full, 0.02, 0.2, 2)
+    assert "pruned" in res.decisions.values()  # the rule acted in this study
+    for t in live.values():
+        if t.state == "pruned":
+            assert t.reason.startswith("pruned after ") and "sequential test, α = 0.2" in t.reason
