@@ -4,6 +4,7 @@
     .venv/bin/python bench/reality_check.py import --storage URL [--files DIR]
     .venv/bin/python bench/reality_check.py check --storage URL [--corpus FILE]
     .venv/bin/python bench/reality_check.py corpus --storage URL [--out FILE]
+    .venv/bin/python bench/reality_check.py certify [--corpus FILE] [--jobs N]
 
 ``export`` writes one compact file per finished study of the campaign
 (``studies/campaigns/cpu-reality-check/<study>.json.gz``, :mod:`mlrc.search.transfer`: its trials,
@@ -19,11 +20,17 @@ trial — parameters, state, value and every fold's validation curve, exactly.
 (``bench/corpus/cpu-reality-check.json.gz``, :func:`mlrc.search.replay.write_corpus`): each
 study's trials and fold curves, and its reproductions' fold validation values (the reseeds that
 give δ to ``mlrc replay --certify``), with the machine, the date and the commit.
+``certify`` certifies the pruning rules of :data:`CANDIDATES` on that corpus
+(:func:`mlrc.search.certify.certify` at 20, 30, 40 and 50 trials) and writes the certified risk
+a pruned study carries, ``mlrc/resources/certified_risk.json``
+(:func:`mlrc.search.certify.risk_table`), and a markdown table of it on stdout
+(docs/guide/performance.md quotes it).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import subprocess
 import sys
@@ -48,6 +55,7 @@ CAMPAIGN = REPO / "studies/campaigns/cpu-reality-check.yaml"
 FILES = REPO / "studies/campaigns/cpu-reality-check"
 CORPUS = REPO / "bench/corpus/cpu-omniglot-glyphs.json.gz"
 REALITY_CORPUS = REPO / "bench/corpus/cpu-reality-check.json.gz"
+RISK = REPO / "mlrc/resources/certified_risk.json"  # written by certify
 
 
 def study_names() -> list[tuple[str, str, str]]:
@@ -127,12 +135,49 @@ def corpus(url: str, out: Path) -> None:
     print(f"wrote {rp.write_corpus(studies, out, about)} ({len(studies)} studies)")
 
 
+def candidates() -> list:
+    """The rules certified: no pruner, median, Wilcoxon and the sequential test at four δ, each
+    alone and with the in-fold gain rule (its defaults)."""
+    from mlrc.config.schema import StopSpec
+    from mlrc.search.pruning import Rules
+
+    between = [Rules(), Rules("median", 5), Rules("wilcoxon", prune_p=0.3)]
+    between += [Rules("sequential", 5, prune_delta=d) for d in (0.02, 0.03, 0.04, 0.06)]
+    return [r for b in between for r in (b, dataclasses.replace(b, stop=StopSpec()))]
+
+
+def certified(corpus_path: Path, jobs: int) -> None:
+    """Certify :func:`candidates` on the corpus; write the table; print it (see the docstring)."""
+    import json
+
+    from mlrc.search.certify import certify, risk_table
+
+    about, studies = rp.read_corpus(corpus_path)
+    result = certify(studies, candidates(), processes=jobs)
+    folds = {s.n_folds for s in studies}
+    table = risk_table(result, {"corpus": str(corpus_path.relative_to(REPO)),
+                                "preset": about.get("preset", "cpu"), "folds": folds.pop()})  # fmt: skip
+    RISK.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {RISK.relative_to(REPO)}: {table['studies']} studies, δ {table['delta']}")
+    print("| rules | " + " | ".join(f"{n} trials" for n in result["budgets"]) + " |")
+    print("|---|" + "--:|" * len(result["budgets"]))
+    rows = {**table["rules"], "tuned, one study out": table["leave_one_study_out"]}
+    for label, by in rows.items():
+        cells = [f"{f['fold_epochs_fraction']:.2f}× · {f['within']}/{f['studies']} "
+                 f"(≥ {f['within_bounds'][0]:.2f})" for f in by.values()]  # fmt: skip
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    print(f"recommended: {table['recommended']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     for cmd in ("export", "import", "check", "corpus"):
         p = sub.add_parser(cmd)
         p.add_argument("--storage", required=True, help="SQLAlchemy URL of the campaign's store")
+    p = sub.add_parser("certify")
+    p.add_argument("--corpus", type=Path, default=REALITY_CORPUS, help="the replay corpus")
+    p.add_argument("--jobs", type=int, default=1, help="processes")
     sub.choices["export"].add_argument("--all", action="store_true", help="unfinished too")
     sub.choices["export"].add_argument("--out", type=Path, default=FILES, help="folder")
     sub.choices["import"].add_argument("--files", type=Path, default=FILES, help="folder")
@@ -145,6 +190,8 @@ def main() -> None:
         restore(a.storage, a.files)
     elif a.cmd == "corpus":
         corpus(a.storage, a.out)
+    elif a.cmd == "certify":
+        certified(a.corpus.resolve(), a.jobs)
     else:
         sys.exit(1 if check(a.storage, a.corpus) else 0)
 

@@ -23,6 +23,7 @@ __all__ = [
     "RETRIEVAL_NOTES",
     "pruning_label",
     "risk_text",
+    "certified_text",
     "values_line",
     "SECTION",
     "TRADITIONAL_NOTE",
@@ -107,11 +108,14 @@ def risk_text(risk: dict | None) -> str:
     figures on the committed corpus (in-sample, and leave one study out where tuned)."""
     if not risk:
         return ""
+    certified = certified_text(risk.get("certified"))
     if not risk.get("measured"):
+        if (risk.get("certified") or {}).get("measured"):
+            return certified
         return (
             "risk not measured on the corpus (measure it with `mlrc replay --corpus "
             "bench/corpus/FILE --pruner … --stop …`)"
-        )
+        ) + (f"; {certified}" if certified else "")
     n, length = risk["studies"], risk.get("trials")
     text = (
         f"on the corpus ({counted(n, 'study')}{f', first {length} trials' if length else ''}): "
@@ -131,6 +135,33 @@ def risk_text(risk: dict | None) -> str:
             f"{length}: its risk is not measured at that length (on the corpus, rules tuned on "
             "shorter studies lost choices in longer ones)"
         )
+    return text + (f"; {certified}" if certified else "")
+
+
+def certified_text(c: dict | None) -> str:
+    """The certified risk (``pruning_risk.certified``, :func:`mlrc.search.pruning.certified_risk`)
+    in one phrase: within δ of the full protocol's best in how many corpus studies, with the
+    one-sided 95 % lower bound, at what fraction of the fold-epochs; "" for a study stored
+    before it existed."""
+    if not c:
+        return ""
+    if not c["measured"]:
+        return f"certified risk {c['why']}"
+    deltas = ", ".join(f"{100 * d:.2f} points on {name}" for name, d in c["delta"].items())
+    text = (
+        f"certified on {counted(c['studies'], 'study')} ({c['preset']} preset, {c['folds']} "
+        f"folds, first {c['trials']} trials; δ {deltas}): within δ of the full protocol's best "
+        f"in {c['within']} of {c['studies']} (95 % lower bound {c['within_bounds'][0]:.2f}) "
+        f"at {c['fold_epochs_fraction']:.2f}× the fold-epochs"
+    )
+    loso = c.get("leave_one_study_out")
+    if loso:
+        text += (
+            f"; rules tuned leaving each study out: {loso['within']} of {loso['studies']} "
+            f"(≥ {loso['within_bounds'][0]:.2f}) at {loso['fold_epochs_fraction']:.2f}×"
+        )
+    if c["study_trials"] > c["trials"]:
+        text += f"; this search has {c['study_trials']} trials: longer ones are not certified"
     return text
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "leave_out",
     "permuted",
     "pick",
+    "risk_table",
     "robustness",
     "seed_spread",
     "summary",
@@ -300,3 +301,35 @@ def bounds(studies: Sequence[RecordedStudy], n: int, deltas: dict[str, float]) -
                 top = t.value if top is None else max(top, t.value)
         floor += sum(e if k in must else min(e, 1) for k, e in spent.items())
     return {"oracle": oracle / full, "floor": floor / full}
+
+
+_KEPT = ("studies", "fold_epochs_fraction", "within", "within_bounds", "exact", "mean_regret",
+         "worst_regret")  # fmt: skip
+
+
+def risk_table(result: dict[str, Any], about: dict[str, Any]) -> dict[str, Any]:
+    """The certified risk a study carries (``mlrc/resources/certified_risk.json``), from a
+    :func:`certify` ``result`` on a corpus described by ``about`` (``corpus``: its file;
+    ``preset`` and ``folds``: the settings it was measured for): per rule and budget the
+    fold-epochs fraction, the within-δ count with its Clopper–Pearson interval, the exact
+    choices and the regrets; per budget the same left one study out (the tuning among the
+    rules, checked on studies it did not see); δ per dataset and the recommended rule."""
+
+    def kept(figures: dict[str, Any]) -> dict[str, Any]:
+        return {k: figures[k] for k in _KEPT}
+
+    budgets = result["budgets"]
+    labels = next(iter(budgets.values()))["rules"]
+    return {
+        **about,
+        "studies": len(result["studies"]),
+        "datasets": result["datasets"],
+        "delta": result["delta"],
+        "recommended": result["recommended"],
+        "rules": {lb: {n: kept(b["rules"][lb]) for n, b in budgets.items()} for lb in labels},
+        "leave_one_study_out": {
+            n: kept(b["leave_one_study_out"])
+            for n, b in budgets.items()
+            if b["leave_one_study_out"]
+        },
+    }

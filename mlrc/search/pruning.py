@@ -36,6 +36,7 @@ __all__ = [
     "RISK_TABLE",
     "FoldValues",
     "best_fold_values",
+    "certified_risk",
     "Rules",
     "SequentialPruner",
     "measured_risk",
@@ -110,19 +111,53 @@ def measured_risk(r: ResolvedStudy, trials: int | None = None) -> dict[str, Any]
     than the search, else the longest), ``study_trials``, ``fold_epochs_fraction``,
     ``choice_pruned`` (studies whose full-protocol choice is pruned), ``mean_regret`` (a
     fraction) and, for the tuned rule, the leave-one-out figures; None without pruning or
-    stopping. Stored with the study when it is created, and again when its budget changes."""
+    stopping; ``certified``: :func:`certified_risk`. Stored with the study when it is created,
+    and again when its budget changes."""
     if r.pruner == "none" and r.stop is None:
         return None
     label = Rules.of(r).label()
     table = json.loads(resources.files("mlrc.resources").joinpath(RISK_TABLE).read_text())
     entry = table["rules"].get(label)
-    out = {"rules": label, "measured": entry is not None, "corpus": table["corpus"]}
+    n = trials or r.trials
+    out = {"rules": label, "measured": entry is not None, "corpus": table["corpus"],
+           "certified": certified_risk(r, n)}  # fmt: skip
     if entry is None:
         return out
-    n = trials or r.trials
     lengths = sorted(int(k) for k in entry["by_length"])
     length = next((k for k in lengths if k >= n), lengths[-1])
     return {**out, "trials": length, "study_trials": n, **entry["by_length"][str(length)]}
+
+
+CERTIFIED_TABLE = "certified_risk.json"  # in mlrc/resources, bench/reality_check.py certify
+
+
+def certified_risk(r: ResolvedStudy, trials: int) -> dict[str, Any]:
+    """The certified risk of the study's rules (``mlrc/resources/certified_risk.json``,
+    :func:`mlrc.search.certify.risk_table`) for a search of ``trials`` trials: ``measured``;
+    when True, the corpus (``corpus``, ``studies``, ``preset``, ``folds``, ``delta`` per
+    dataset), ``trials`` (the shortest certified budget not below the search's, else the
+    longest), the rules' ``fold_epochs_fraction``, ``within`` of ``studies`` with
+    ``within_bounds`` (one-sided 95 % Clopper–Pearson), ``exact``, the regrets (fractions) and
+    ``leave_one_study_out`` (the tuning's figures at that budget); when False, ``why`` ("not
+    measured for these settings" outside the corpus's preset and folds)."""
+    table = json.loads(resources.files("mlrc.resources").joinpath(CERTIFIED_TABLE).read_text())
+    corpus = {k: table[k] for k in ("corpus", "studies", "preset", "folds", "delta")}
+    folds = r.split.folds if r.split is not None else r.preset.folds
+    folds = len(folds) if isinstance(folds, list) else folds  # a split file's own folds
+    if (r.study.preset, folds) != (table["preset"], table["folds"]):
+        why = (
+            f"not measured for these settings (the corpus: preset {table['preset']}, "
+            f"{table['folds']} folds)"
+        )
+        return {"measured": False, "why": why, **corpus}
+    entry = table["rules"].get(Rules.of(r).label())
+    if entry is None:
+        why = "not measured for these rules (`mlrc replay --corpus … --certify --rule …`)"
+        return {"measured": False, "why": why, **corpus}
+    budget = next((k for k in sorted(map(int, entry)) if k >= trials), max(map(int, entry)))
+    loso = table["leave_one_study_out"].get(str(budget))
+    return {"measured": True, **corpus, "trials": budget, "study_trials": trials,
+            **entry[str(budget)], "leave_one_study_out": loso}  # fmt: skip
 
 
 def make_pruner(r: ResolvedStudy | Rules) -> optuna.pruners.BasePruner:

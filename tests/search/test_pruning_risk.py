@@ -52,7 +52,9 @@ def test_the_risk_is_the_figure_for_the_studys_number_of_trials(tmp_path, trials
 def test_a_rule_outside_the_tuned_grid_says_it_is_not_measured(tmp_path):
     r = load_study(_file(tmp_path, 50, stop={"quantile": 0.33}))
     risk = measured_risk(r)
+    certified = risk.pop("certified")
     assert risk == {"rules": Rules.of(r).label(), "measured": False, "corpus": TABLE["corpus"]}
+    assert not certified["measured"] and certified["why"].startswith("not measured for these rules")
     assert "risk not measured on the corpus" in risk_text(risk)
     assert measured_risk(load_study(_file(tmp_path, 50))) is None  # no pruning: no risk
 
