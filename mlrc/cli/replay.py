@@ -4,6 +4,7 @@ and an in-fold stopping rule, from its recorded curves (no training)."""
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -238,6 +239,12 @@ def _certificate(out: dict) -> None:
             )
         print_table(table)
     console.print(f"recommended (in sample, longest budget): {out['recommended']}", highlight=False)
+    needed = sorted(out["trials_needed"].values())
+    console.print(
+        f"the longest budget's choice (within δ) was first found at trial {needed[0]}–"
+        f"{needed[-1]} (median {statistics.median(needed):g})",
+        highlight=False,
+    )
     if rob := out.get("robustness"):
         for n in out["budgets"]:
             r = rob[n]

@@ -42,6 +42,7 @@ __all__ = [
     "robustness",
     "seed_spread",
     "summary",
+    "trials_needed",
 ]
 
 BUDGETS = (20, 30, 40, 50)  # the study lengths the issue certifies at
@@ -249,10 +250,28 @@ def certify(
         out["budgets"][str(n)] = _at_budget(table, studies, n, deltas)
     best = pick({lb: list(by.values()) for lb, by in table.items()})
     out["recommended"] = best
+    out["trials_needed"] = trials_needed(studies, deltas, max(budgets))
     if permutations:
         chosen = next(r for r in rules if r.label() == best)
         out["robustness"] = robustness(
             studies, chosen, budgets, deltas, permutations, seed, processes
+        )
+    return out
+
+
+def trials_needed(
+    studies: Sequence[RecordedStudy], deltas: dict[str, float], n: int
+) -> dict[str, int]:
+    """How many trials the search needed, per study: the position (1-based, in the recorded
+    order) of the first trial whose value is within δ of the best of the first ``n`` — what a
+    budget of that many trials, same sampler and seed, would have chosen within δ."""
+    out = {}
+    for s in studies:
+        values = [t.value for t in s.trials[:n]]
+        best = max(v for v in values if v is not None)
+        d = deltas[s.dataset]
+        out[s.name] = next(
+            i for i, v in enumerate(values, 1) if v is not None and v >= best - d - 1e-12
         )
     return out
 

@@ -120,6 +120,15 @@ def test_the_oracle_and_the_floor_of_a_hand_worked_study():
     assert got == pytest.approx({"oracle": 5 / 13, "floor": 9 / 13})
 
 
+def test_trials_needed_is_the_first_trial_within_delta_of_the_best_of_n():
+    """Values 0.5, 0.6, 0.595, 0.3, 0.7: within 0.01 of the best of 4 (0.6) first at trial 2;
+    of the best of 5 (0.7) at trial 5; within 0.2 of 0.7 at trial 1 (0.5 ≥ 0.7 − 0.2)."""
+    s = _study("s", "omniglot", [[0.5], [0.6], [0.595], [0.3], [0.7]])
+    assert cf.trials_needed([s], {"omniglot": 0.01}, 4) == {"s": 2}
+    assert cf.trials_needed([s], {"omniglot": 0.01}, 5) == {"s": 5}
+    assert cf.trials_needed([s], {"omniglot": 0.2}, 5) == {"s": 1}
+
+
 def test_within_delta_is_the_regret_against_the_best_of_the_first_n_trials():
     """On the committed corpus: δ = 0 within is the exact choice (no tied values there), a
     huge δ holds everywhere, and within counts grow with δ; each study's regret is the best of
