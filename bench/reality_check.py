@@ -167,6 +167,29 @@ def certified(corpus_path: Path, jobs: int) -> None:
                  f"(≥ {f['within_bounds'][0]:.2f})" for f in by.values()]  # fmt: skip
         print(f"| {label} | " + " | ".join(cells) + " |")
     print(f"recommended: {table['recommended']}")
+    print(f"trial of the 50-trial choice (within δ), per study: {result['trials_needed']}")
+    for m in (8, 10, 12, 15, 20):
+        spent, within = patience_stop(studies, table["delta"], m)
+        print(f"search stop after {m} trials without a new best: {spent:.2f}× the trials, "
+              f"{within} of {len(studies)} within δ")  # fmt: skip
+
+
+def patience_stop(studies: list, deltas: dict, m: int) -> tuple[float, int]:
+    """A search-level stop replayed: each study's trials in order, stopped once ``m`` trials
+    in a row set no new best; (trials spent as a fraction of all, studies whose best at the
+    stop is within δ of the best of all)."""
+    spent = total = within = 0
+    for s in studies:
+        values = [t.value if t.value is not None else 0.0 for t in s.trials]
+        best, last = values[0], 0
+        for i, v in enumerate(values):
+            if v > best:
+                best, last = v, i
+            if i - last >= m:
+                break
+        spent, total = spent + i + 1, total + len(values)
+        within += best >= max(values) - deltas[s.dataset] - 1e-12
+    return spent / total, within
 
 
 def main() -> None:
