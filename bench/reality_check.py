@@ -136,12 +136,12 @@ def corpus(url: str, out: Path) -> None:
 
 
 def candidates() -> list:
-    """The rules certified: no pruner, median, Wilcoxon and the sequential test at four δ, each
-    alone and with the in-fold gain rule (its defaults)."""
+    """The rules certified: no pruner, median, Wilcoxon, forgiving and the sequential test at
+    four δ, each alone and with the in-fold gain rule (its defaults)."""
     from mlrc.config.schema import StopSpec
     from mlrc.search.pruning import Rules
 
-    between = [Rules(), Rules("median", 5), Rules("wilcoxon", prune_p=0.3)]
+    between = [Rules(), Rules("median", 5), Rules("wilcoxon", prune_p=0.3), Rules("forgiving", 5)]
     between += [Rules("sequential", 5, prune_delta=d) for d in (0.02, 0.03, 0.04, 0.06)]
     return [r for b in between for r in (b, dataclasses.replace(b, stop=StopSpec()))]
 

@@ -242,8 +242,9 @@ class SearchSpec(Strict):
     # (after ``prune_startup`` of them); ``wilcoxon`` stops one whose fold values are worse than
     # the best trial's by a one-sided Wilcoxon signed-rank test at p < ``prune_p``;
     # ``sequential`` stops one whose paired fold differences from the best trial's fall below
-    # Kim & Nelson's region for an indifference zone ``prune_delta`` and error ``prune_alpha``.
-    pruner: Literal["none", "median", "wilcoxon", "sequential"] | None = None
+    # Kim & Nelson's region for an indifference zone ``prune_delta`` and error ``prune_alpha``;
+    # ``forgiving`` stops one whose mean fold value is below the best trial's worst fold.
+    pruner: Literal["none", "median", "wilcoxon", "sequential", "forgiving"] | None = None
     prune_startup: int | None = Field(None, ge=0)  # complete trials before any pruning
     prune_p: float | None = Field(None, gt=0, le=1)  # wilcoxon's p-threshold
     prune_delta: float | None = Field(None, gt=0, le=1)  # sequential's δ (MAP@R, a fraction)

@@ -49,7 +49,7 @@ class ResolvedStudy(Strict):
     trials: int
     sampler: Literal["gp", "tpe", "ax"]
     reproductions: int
-    pruner: Literal["none", "median", "wilcoxon", "sequential"] = "none"
+    pruner: Literal["none", "median", "wilcoxon", "sequential", "forgiving"] = "none"
     prune_startup: int = 5
     prune_p: float = 0.3  # wilcoxon: with 4 folds no test reaches p < 0.125 (3 worse of 3)
     prune_delta: float = 0.04  # sequential: the indifference zone δ (MAP@R, a fraction)

@@ -5,7 +5,8 @@ and for its replay (:mod:`mlrc.search.replay`):
   of fold values after fold k), ``wilcoxon`` (Optuna's ``WilcoxonPruner`` on the fold values
   against the best trial's, fold by fold, at p < ``prune_p``) or ``sequential``
   (:class:`SequentialPruner`: Kim & Nelson's indifference-zone test of the paired fold
-  differences against the best trial's, :mod:`mlrc.protocol.sequential`);
+  differences against the best trial's, :mod:`mlrc.protocol.sequential`) or ``forgiving``
+  (:class:`ForgivingPruner`: Bergman, Purucker & Hutter's baseline for cross-validation);
 - inside a fold, ``search.stop: gain`` (:mod:`mlrc.protocol.stopping`): the fold ends when the
   trial cannot plausibly beat the incumbent; the trial is then pruned.
 
@@ -39,6 +40,7 @@ __all__ = [
     "certified_risk",
     "Rules",
     "SequentialPruner",
+    "ForgivingPruner",
     "measured_risk",
     "fold_reports",
     "fold_stop",
@@ -82,6 +84,7 @@ class Rules:
             "median": f"median(startup={self.prune_startup})",
             "sequential": f"sequential(delta={self.prune_delta:g}, alpha={self.prune_alpha:g}, "
             f"startup={self.prune_startup})",
+            "forgiving": f"forgiving(startup={self.prune_startup})",
         }
         out = parts.get(self.pruner, f"wilcoxon(p={self.prune_p:g})")
         if self.stop is not None:
@@ -175,7 +178,41 @@ def make_pruner(r: ResolvedStudy | Rules) -> optuna.pruners.BasePruner:
             return optuna.pruners.WilcoxonPruner(p_threshold=r.prune_p, n_startup_steps=2)
     if r.pruner == "sequential":
         return SequentialPruner(r.prune_delta, r.prune_alpha, r.prune_startup)
+    if r.pruner == "forgiving":
+        return ForgivingPruner(r.prune_startup)
     return optuna.pruners.NopPruner()
+
+
+def _incumbent_folds(study: optuna.Study, startup: int) -> tuple[dict[int, float], list] | None:
+    """(the best complete trial's fold values, the complete trials with every fold, best
+    first), from the trials' intermediate values (fold index → value); None before
+    ``startup`` complete trials or before one with every fold."""
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if len(done) < startup:
+        return None
+    full = [t for t in done if t.value is not None and len(t.intermediate_values) > 0]
+    folds = max((len(t.intermediate_values) for t in full), default=0)
+    full = sorted(
+        (t for t in full if len(t.intermediate_values) == folds), key=lambda t: (-t.value, t.number)
+    )
+    return (dict(full[0].intermediate_values), full) if full else None
+
+
+class ForgivingPruner(optuna.pruners.BasePruner):
+    """Bergman, Purucker & Hutter's "forgiving" early stopping of cross-validation (AutoML
+    2024), a baseline: after each fold, a trial whose mean fold value so far is below the
+    incumbent's *worst* fold value (the best complete trial's) stops. Nothing is pruned before
+    ``startup`` complete trials. Fold values as intermediate values at step = fold index."""
+
+    def __init__(self, startup: int) -> None:
+        self.startup = max(1, startup)
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        mine = trial.intermediate_values
+        found = _incumbent_folds(study, self.startup) if mine else None
+        if found is None or len(mine) >= len(found[0]):
+            return False
+        return float(np.mean(list(mine.values()))) < min(found[0].values())
 
 
 # s² from the complete trials nearest the incumbent: the differences' spread grows with their
@@ -206,19 +243,13 @@ class SequentialPruner(optuna.pruners.BasePruner):
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
         mine = trial.intermediate_values
-        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if not mine or len(done) < self.startup:
+        found = _incumbent_folds(study, self.startup) if mine else None
+        if found is None or len(mine) >= len(found[0]):
             return False
-        full = [t for t in done if t.value is not None and len(t.intermediate_values) > 0]
-        folds = max((len(t.intermediate_values) for t in full), default=0)
-        full = [t for t in full if len(t.intermediate_values) == folds]
-        if not full or len(mine) >= folds:
-            return False
-        best, *near = sorted(full, key=lambda t: (-t.value, t.number))[: NEAR_TRIALS + 1]
-        inc = best.intermediate_values
+        inc, full = found
         groups = [
             [v[k] - inc[k] for k in sorted(v) if k in inc]
-            for v in (t.intermediate_values for t in near)
+            for v in (t.intermediate_values for t in full[1 : NEAR_TRIALS + 1])
         ]
         s2, df = pooled_variance(groups)
         if df < 1:
@@ -232,11 +263,11 @@ def fold_reports(pruner: str, order: Sequence[int], values: FoldValues) -> list[
     of ``order`` (the folds in the order they finished) being new: ``median``, the running mean
     at step k = folds done, for k below the number of folds; ``wilcoxon``, the new fold's value
     at step = its index (every fold, the last included: the best trial must have them all);
-    ``sequential``, as ``wilcoxon``."""
+    ``sequential`` and ``forgiving``, as ``wilcoxon``."""
     n = len(order)
     if pruner == "median":
         return [(n, float(np.mean([values[f] for f in order])))]
-    if pruner in ("wilcoxon", "sequential"):
+    if pruner in ("wilcoxon", "sequential", "forgiving"):
         return [(order[-1], values[order[-1]])]
     return []
 
@@ -245,6 +276,8 @@ def pruned_reason(pruner: str, r: ResolvedStudy, k: int, n_folds: int, running: 
     """The reason of a trial pruned after ``k`` of ``n_folds`` folds (starts with "pruned")."""
     if pruner == "wilcoxon":
         why = f"fold values worse than the best trial's (Wilcoxon, p < {r.prune_p:g})"
+    elif pruner == "forgiving":
+        why = "mean of its folds below the best trial's worst fold (forgiving)"
     elif pruner == "sequential":
         why = (
             f"fold values worse than the best trial's by more than δ = {r.prune_delta:g} "

@@ -419,6 +419,7 @@ _PRUNER_KEYS = {
     "median": {"startup": "prune_startup"},
     "wilcoxon": {"p": "prune_p"},
     "sequential": {"delta": "prune_delta", "alpha": "prune_alpha", "startup": "prune_startup"},
+    "forgiving": {"startup": "prune_startup"},
     "none": {},
 }
 

@@ -170,8 +170,8 @@ WRONG_TYPES = [
     case(
         "pruner-typo",
         patch("search: {pruner: wilcoxn}"),
-        "search.pruner: Input should be 'none', 'median', 'wilcoxon' or 'sequential' "
-        "(got 'wilcoxn'); did you mean 'wilcoxon'?",
+        "search.pruner: Input should be 'none', 'median', 'wilcoxon', 'sequential' or "
+        "'forgiving' (got 'wilcoxn'); did you mean 'wilcoxon'?",
     ),
     case(
         "prune-alpha-half",

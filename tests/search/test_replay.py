@@ -169,6 +169,7 @@ def test_unfinished_study_is_refused(tmp_path):
         ("sequential:delta=0", None, "delta must be in (0, 1] (got 0)"),
         ("sequential:p=0.1", None, "sequential has no setting 'p'"),
         ("sequential:delt=0.1", None, "did you mean 'delta'?"),
+        ("forgiving:p=0.1", None, "forgiving has no setting 'p'"),
         ("none", "gain:quantile=0", "quantile: Input should be greater than 0"),
         ("none", "gain:slak=1", "gain has no setting 'slak'; did you mean 'slack'?"),
         ("none", "gain:fold_slak=1", "did you mean 'fold_slack'?"),
@@ -398,3 +399,39 @@ def test_a_live_sequential_study_takes_the_replays_decisions(studies, tmp_path):
     for t in live.values():
         if t.state == "pruned":
             assert t.reason.startswith("pruned after ") and "sequential test, α = 0.2" in t.reason
+
+
+def _naive_forgiving(study, startup: int) -> dict[int, str]:
+    """Bergman, Purucker & Hutter's forgiving rule by hand, in the recorded order: after fold
+    r < n, prune when the mean of the trial's first r fold values is below the worst fold value
+    of the best complete trial (with every fold)."""
+    complete, out = [], {}
+    for t in study.trials:
+        folds = []
+        for f in t.folds:
+            if f.status != "complete" or f.objective is None:
+                break
+            folds.append(f.objective)
+        how = "complete" if t.state == "complete" else "failed"
+        full = [c for c in complete if len(c[2]) == study.n_folds]
+        if len(complete) >= max(1, startup) and full:
+            worst = min(max(full, key=lambda c: (c[1], -c[0]))[2])
+            if any(
+                np.mean(folds[:r]) < worst for r in range(1, min(len(folds), study.n_folds - 1) + 1)
+            ):
+                how = "pruned"
+        out[t.number] = how
+        if how == "complete" and t.value is not None:
+            complete.append((t.number, t.value, folds))
+    return out
+
+
+def test_forgiving_replay_matches_a_hand_computation_on_the_corpus():
+    _, recorded = rp.read_corpus(CORPUS)
+    pruned = 0
+    for startup in (1, 5):
+        for study in recorded:
+            res = rp.replay(study, Rules("forgiving", startup))
+            assert res.decisions == _naive_forgiving(study, startup), study.name
+            pruned += res.pruned
+    assert pruned > 50
