@@ -4,8 +4,10 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS ?= dev,postgres,dashboard,tracking   # CI adds ax, onnx (.ci/run)
-# pytest-xdist processes for `make test`; each test file runs whole in one (module fixtures)
-TEST_PROCS ?= 2
+# pytest-xdist processes for `make test`; each test file runs whole in one (module fixtures).
+# One more than the cores: the multi-process tests spend much of their time waiting on their
+# workers, sockets and polls (tests/load alone kept 1.1 of 2 cores busy, measured).
+TEST_PROCS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)) + 1)')
 
 .PHONY: demo test lint venv clean
 
@@ -25,7 +27,7 @@ test: $(STAMP)
 	$(BIN)/ruff format --check mlrc tests bench
 	$(BIN)/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(abspath $(VENV))/site
-	$(BIN)/python -m pytest -q -n $(TEST_PROCS) --dist loadfile --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_PROCS) --dist loadfile --no-loadscope-reorder --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check mlrc tests bench

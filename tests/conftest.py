@@ -52,38 +52,45 @@ OMNIGLOT_DEFAULT = REPO.parent / "shared" / "datasets" / "omniglot" / "images_ba
 
 
 # The test files that take longest (40 s or more each in a two-process run on the 2-core VM,
-# measured from a run's junit XML), heaviest first. `make test` runs files on two processes in
-# collection order (--dist loadfile): these start first, so the two processes end together instead of one running a long file alone at
-# the end. A file missing here only costs balance.
+# measured from a run's junit XML), heaviest first. `make test` runs files on its processes in
+# collection order (--dist loadfile --no-loadscope-reorder: xdist's default reorder puts the
+# files with the most tests first, which left the few-test load files to the end): these start
+# first, so the processes end together. A file missing here only costs balance.
 HEAVY_FIRST = [
     "e2e/test_invariants.py",
-    "load/test_ranks_pool.py",
-    "load/test_campaign_pool.py",
-    "load/test_ray.py",
     "load/test_slurm.py",
+    "load/test_campaign_pool.py",
+    "load/test_ranks_pool.py",
+    "search/test_retention.py",
+    "search/test_settings.py",
+    "search/test_session.py",
     "load/test_pool.py",
     "e2e/test_tutorial.py",
-    "search/test_session.py",
-    "search/test_retention.py",
-    "load/test_pool_load.py",
-    "e2e/test_wheel.py",
-    "search/test_campaign_runner.py",
-    "search/test_settings.py",
-    "train/test_gpu_bench.py",
-    "train/test_gpu_check.py",
-    "load/test_soak.py",
-    "bad_inputs/test_crash_consistency.py",
-    "report/test_dashboard.py",
-    "search/test_export.py",
-    "cli/test_cli.py",
-    "train/test_distributed.py",
-    "bad_inputs/test_stop_signals.py",
-    "e2e/test_plugin_package.py",
-    "search/test_transfer.py",
-    "e2e/test_fidelity.py",
+    "load/test_ray.py",
     "train/test_ranks.py",
-    "bad_inputs/test_store.py",
+    "e2e/test_wheel.py",
+    "bad_inputs/test_stop_signals.py",
     "search/test_retrieval_views.py",
+    "search/test_campaign_runner.py",
+    "load/test_pool_load.py",
+    "train/test_distributed.py",
+    "search/test_certify.py",
+    "bad_inputs/test_runtime.py",
+    "bad_inputs/test_crash_consistency.py",
+    "train/test_loop.py",
+    "search/test_export.py",
+    "train/test_gpu_check.py",
+    "train/test_gpu_bench.py",
+    "search/test_campaign_watch.py",
+    "report/test_dashboard.py",
+    "e2e/test_plugin_package.py",
+    "bad_inputs/test_store.py",
+    "search/test_rescore.py",
+    "cli/test_cli.py",
+    "search/test_tracking.py",
+    "search/test_replay.py",
+    "load/test_soak.py",
+    "search/test_artifacts_found.py",
 ]
 
 
