@@ -7,7 +7,7 @@ EXTRAS ?= dev,postgres,dashboard,tracking   # CI adds ax, onnx (.ci/run)
 # pytest-xdist processes for `make test`; each test file runs whole in one (module fixtures).
 # One more than the cores: the multi-process tests spend much of their time waiting on their
 # workers, sockets and polls (tests/load alone kept 1.1 of 2 cores busy, measured).
-TEST_PROCS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)) + 1)')
+TEST_PROCS ?= $(shell $(PYTHON) -c 'import os; f = getattr(os, "sched_getaffinity", None); print((len(f(0)) if f else os.cpu_count() or 1) + 1)')
 
 .PHONY: demo test lint venv clean
 

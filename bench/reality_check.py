@@ -36,6 +36,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -155,8 +157,10 @@ def certified(corpus_path: Path, jobs: int) -> None:
     about, studies = rp.read_corpus(corpus_path)
     result = certify(studies, candidates(), processes=jobs)
     folds = {s.n_folds for s in studies}
+    search = yaml.safe_load(CAMPAIGN.read_text())["search"]  # the campaign's sampler
     table = risk_table(result, {"corpus": str(corpus_path.relative_to(REPO)),
-                                "preset": about.get("preset", "cpu"), "folds": folds.pop()})  # fmt: skip
+                                "preset": about.get("preset", "cpu"), "folds": folds.pop(),
+                                "sampler": search["sampler"]})  # fmt: skip
     RISK.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     print(f"wrote {RISK.relative_to(REPO)}: {table['studies']} studies, δ {table['delta']}")
     print("| rules | " + " | ".join(f"{n} trials" for n in result["budgets"]) + " |")

@@ -74,7 +74,7 @@ def replay(
         str,
         typer.Option(
             "--pruner",
-            help="none, median[:startup=N], wilcoxon[:p=P] or sequential[:delta=D,alpha=A,startup=N] or forgiving[:startup=N] (between folds)",
+            help="none, median[:startup=N], wilcoxon[:p=P], sequential[:delta=D,alpha=A,startup=N] or forgiving[:startup=N] (between folds)",
         ),
     ] = "none",
     stop: StopOpt = "none",

@@ -28,7 +28,7 @@ import numpy as np
 import optuna
 
 from mlrc import store
-from mlrc.config import ResolvedStudy
+from mlrc.config import RUNTIME_ONLY, ResolvedStudy
 from mlrc.config.schema import StopSpec
 from mlrc.protocol.sequential import eliminated, pooled_variance
 from mlrc.protocol.stopping import Curve, FoldStop, Incumbent, later_gains
@@ -137,20 +137,24 @@ CERTIFIED_TABLE = "certified_risk.json"  # in mlrc/resources, bench/reality_chec
 def certified_risk(r: ResolvedStudy, trials: int) -> dict[str, Any]:
     """The certified risk of the study's rules (``mlrc/resources/certified_risk.json``,
     :func:`mlrc.search.certify.risk_table`) for a search of ``trials`` trials: ``measured``;
-    when True, the corpus (``corpus``, ``studies``, ``preset``, ``folds``, ``delta`` per
-    dataset), ``trials`` (the shortest certified budget not below the search's, else the
+    when True, the corpus (``corpus``, ``studies``, ``preset``, ``folds``, ``sampler``,
+    ``delta`` per dataset), ``trials`` (the shortest certified budget not below the search's, else the
     longest), the rules' ``fold_epochs_fraction``, ``within`` of ``studies`` with
     ``within_bounds`` (one-sided 95 % Clopper–Pearson), ``exact``, the regrets (fractions) and
     ``leave_one_study_out`` (the tuning's figures at that budget); when False, ``why`` ("not
-    measured for these settings" outside the corpus's preset and folds)."""
+    measured for these settings" off the corpus's preset, folds and sampler, or with overrides
+    that change the numbers)."""
     table = json.loads(resources.files("mlrc.resources").joinpath(CERTIFIED_TABLE).read_text())
-    corpus = {k: table[k] for k in ("corpus", "studies", "preset", "folds", "delta")}
+    corpus = {k: table[k] for k in ("corpus", "studies", "preset", "folds", "sampler", "delta")}
     folds = r.split.folds if r.split is not None else r.preset.folds
     folds = len(folds) if isinstance(folds, list) else folds  # a split file's own folds
-    if (r.study.preset, folds) != (table["preset"], table["folds"]):
+    changed = sorted(set(r.study.overrides) - set(RUNTIME_ONLY))  # what changes the numbers
+    if (r.study.preset, folds, r.sampler, changed) != (
+        table["preset"], table["folds"], table["sampler"], []
+    ):  # fmt: skip
         why = (
-            f"not measured for these settings (the corpus: preset {table['preset']}, "
-            f"{table['folds']} folds)"
+            f"not measured for these settings (the corpus: preset {table['preset']} without "
+            f"overrides, {table['folds']} folds, sampler {table['sampler']})"
         )
         return {"measured": False, "why": why, **corpus}
     entry = table["rules"].get(Rules.of(r).label())

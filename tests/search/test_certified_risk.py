@@ -84,10 +84,15 @@ def test_a_study_carries_the_figures_of_its_budget(tmp_path, trials, budget):
     assert ("longer ones are not certified" in text) == (trials > 50)
 
 
+SETTINGS = "not measured for these settings (the corpus: preset cpu without overrides, 4 folds, "
+
+
 @pytest.mark.parametrize(
     ("search", "over", "why"),
     [
-        (SEARCH, {"folds": 3}, "not measured for these settings (the corpus: preset cpu, 4 folds)"),
+        (SEARCH, {"folds": 3}, SETTINGS),
+        (SEARCH, {"max_epochs": 5}, SETTINGS),  # the numbers change: not the corpus's studies
+        ({**SEARCH, "sampler": "tpe"}, {}, SETTINGS),
         ({"pruner": "sequential", "prune_delta": 0.05}, {}, "not measured for these rules"),
     ],
 )
@@ -96,6 +101,11 @@ def test_outside_the_corpus_the_risk_is_not_certified(tmp_path, search, over, wh
     c = measured_risk(r)["certified"]
     assert not c["measured"] and c["why"].startswith(why)
     assert f"certified risk {why}" in risk_text(measured_risk(r))
+
+
+def test_a_runtime_only_override_keeps_the_certified_risk(tmp_path):
+    r = load_study(_file(tmp_path, 50, SEARCH, {"decoded_cache": True}))  # speed, not numbers
+    assert measured_risk(r)["certified"]["measured"]
 
 
 def test_study_status_shows_the_certified_risk(tmp_path):
